@@ -1,0 +1,44 @@
+# tidemq developer entry points. `make run` and `make test` work from a fresh clone: they build
+# the virtualenv first. PYTHON may point at any Python >= 3.11.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PERFKIT ?= ../shared/perfkit
+RUN_DIR ?= .run
+
+.PHONY: venv run test lint typecheck pytest bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+# Until the services land (issue 3) the main job is the store itself: a session that writes a
+# store under .run/, verifies it offline and prints what it holds.
+run: venv
+	$(VENV)/bin/tidemq store demo $(RUN_DIR)/store
+	$(VENV)/bin/tidemq store check $(RUN_DIR)/store
+	$(VENV)/bin/tidemq store dump $(RUN_DIR)/store --topic orders --limit 5
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv
+	$(VENV)/bin/mypy
+
+pytest: venv
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+# Prints JSON lines: the project's store figures and, measured in the same run, the perfkit ceiling.
+bench: venv
+	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
+
+clean:
+	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache

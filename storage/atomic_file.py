@@ -1,0 +1,73 @@
+"""Small files replaced atomically (configs, consumer offsets, store metadata).
+
+Write a temp file, fsync it, rename it over the target, fsync the directory: a crash at any point
+leaves either the old content or the new, never a torn mix. The previous version stays as
+``.bak`` so a reader can fall back if the newest is unreadable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from typing import Any
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, data: bytes, *, keep_backup: bool = True) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if keep_backup and os.path.exists(path):
+        # A hard link keeps the old version readable as .bak without a window where the target
+        # is missing.
+        bak = f"{path}.bak"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(bak)
+        os.link(path, bak)
+    os.replace(tmp, path)
+    fsync_dir(directory)
+
+
+def read_with_fallback(path: str) -> bytes | None:
+    """The file's bytes, or its ``.bak`` when the file is missing or empty; None if neither."""
+    for candidate in (path, f"{path}.bak"):
+        try:
+            with open(candidate, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
+        if data:
+            return data
+    return None
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n")
+
+
+def read_json_with_fallback(path: str) -> Any | None:
+    """Parsed JSON of the file, falling back to ``.bak`` when the newest is empty or unparsable."""
+    for candidate in (path, f"{path}.bak"):
+        try:
+            with open(candidate, "rb") as f:
+                data = f.read()
+            if data:
+                return json.loads(data)
+        except (FileNotFoundError, ValueError):
+            continue
+    return None

@@ -1,0 +1,127 @@
+"""Store configuration: one frozen dataclass, validated once at construction, units in names.
+
+Defaults are RocketMQ's (spec §7). Sizes are configuration so tests can use tiny files and see
+rolls, blanks and retention within a few messages.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from dataclasses import dataclass, field
+
+from storage.errors import ConfigError
+
+COMMITLOG_MIN_FILE_SIZE_BYTES = 1024
+
+
+class FlushMode(enum.Enum):
+    ASYNC = "ASYNC"
+    SYNC = "SYNC"
+
+
+def parse_host(host: str) -> tuple[bytes, int]:
+    """``"127.0.0.1:10911"`` or ``"[::1]:10911"`` -> (packed address, port)."""
+    addr, sep, port_s = host.rpartition(":")
+    if not sep:
+        raise ConfigError(f"host {host!r} must be ADDRESS:PORT")
+    addr = addr.strip("[]")
+    try:
+        ip = ipaddress.ip_address(addr)
+        port = int(port_s)
+    except ValueError as e:
+        raise ConfigError(f"host {host!r}: {e}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"host {host!r}: port out of range")
+    return ip.packed, port
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    root_dir: str
+    # Layout: fixed at store creation (recorded in store.json); reopening with others is refused.
+    commitlog_file_size_bytes: int = 1 << 30
+    consume_queue_entries_per_file: int = 300_000
+    index_slot_num: int = 5_000_000
+    index_max_num: int = 20_000_000
+    message_index_enable: bool = True
+    # Limits.
+    max_message_body_bytes: int = 4 << 20
+    # Flush.
+    flush_mode: FlushMode = FlushMode.ASYNC
+    flush_interval_ms: int = 500
+    flush_least_pages: int = 4
+    flush_thorough_interval_ms: int = 10_000
+    sync_flush_timeout_ms: int = 5_000
+    consume_queue_flush_interval_ms: int = 1_000
+    checkpoint_interval_ms: int = 1_000
+    # Identity written into every record and every offset message id.
+    store_host: str = "127.0.0.1:10911"
+    # Retention.
+    file_reserved_time_hours: float = 72.0
+    delete_when_hours: tuple[int, ...] = (4,)
+    clean_resource_interval_ms: int = 10_000
+    delete_file_batch_max: int = 10
+    disk_max_used_space_ratio: float = 0.75
+    disk_space_clean_forcibly_ratio: float = 0.85
+    disk_space_warning_level_ratio: float = 0.90
+    # Recovery: a bad record followed by good ones is corruption, not a torn tail. By default the
+    # store refuses to open (an operator decides); True cuts there and keeps the rest as evidence.
+    truncate_on_corruption: bool = False
+    store_host_packed: tuple[bytes, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if not self.root_dir:
+            problems.append("root_dir is empty")
+        if self.commitlog_file_size_bytes < COMMITLOG_MIN_FILE_SIZE_BYTES:
+            problems.append(
+                f"commitlog_file_size_bytes must be >= {COMMITLOG_MIN_FILE_SIZE_BYTES}, "
+                f"got {self.commitlog_file_size_bytes}"
+            )
+        if self.consume_queue_entries_per_file < 1:
+            problems.append("consume_queue_entries_per_file must be >= 1")
+        if self.index_slot_num < 1 or self.index_max_num < 2:
+            problems.append("index_slot_num must be >= 1 and index_max_num >= 2")
+        if self.max_message_body_bytes < 0:
+            problems.append("max_message_body_bytes must be >= 0")
+        for name in (
+            "flush_interval_ms",
+            "flush_thorough_interval_ms",
+            "sync_flush_timeout_ms",
+            "consume_queue_flush_interval_ms",
+            "checkpoint_interval_ms",
+            "clean_resource_interval_ms",
+        ):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        if self.flush_least_pages < 0:
+            problems.append("flush_least_pages must be >= 0")
+        if self.file_reserved_time_hours <= 0:
+            problems.append("file_reserved_time_hours must be > 0")
+        if any(not 0 <= h <= 23 for h in self.delete_when_hours):
+            problems.append(f"delete_when_hours must be hours 0-23, got {self.delete_when_hours}")
+        if self.delete_file_batch_max < 1:
+            problems.append("delete_file_batch_max must be >= 1")
+        ratios = (
+            self.disk_max_used_space_ratio,
+            self.disk_space_clean_forcibly_ratio,
+            self.disk_space_warning_level_ratio,
+        )
+        if not all(0.0 < r <= 1.0 for r in ratios) or list(ratios) != sorted(ratios):
+            problems.append(
+                "disk ratios must lie in (0, 1] with "
+                "max_used <= clean_forcibly <= warning_level, got " + repr(ratios)
+            )
+        try:
+            packed = parse_host(self.store_host)
+        except ConfigError as e:
+            problems.append(str(e))
+            packed = (b"", 0)
+        if problems:
+            raise ConfigError("invalid store config: " + "; ".join(problems))
+        object.__setattr__(self, "store_host_packed", packed)
+
+    @property
+    def consume_queue_file_size_bytes(self) -> int:
+        return self.consume_queue_entries_per_file * 20

@@ -1,0 +1,222 @@
+"""ConsumeQueue: per (topic, queue id), the index from queue offset to CommitLog position.
+
+Files live in ``{root}/consumequeue/{topic}/{queue_id}/`` and are named by their first byte's
+offset (entry number x 20). Each entry is 20 bytes, big-endian::
+
+    +----------------------+--------------+------------------------+
+    | CommitLog offset (8) | size (4)     | tag code (8)           |  = 20 bytes
+    +----------------------+--------------+------------------------+
+
+Entry n sits at byte 20 * n, so the queue offset a consumer sees is the byte position / 20. The tag
+code is the Java hash code of the message's TAGS (0 without tags). A "blank" entry (offset 0, size
+0x7FFFFFFF, tag 0) pads a queue whose first entry is not entry 0: a replica that starts from its
+master's oldest retained message.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Final
+
+from storage.mapped_file_queue import MappedFileQueue
+
+ENTRY: Final = struct.Struct(">qiq")
+ENTRY_SIZE: Final = 20
+BLANK_ENTRY_SIZE_FIELD: Final = 0x7FFFFFFF
+BLANK_ENTRY: Final = ENTRY.pack(0, BLANK_ENTRY_SIZE_FIELD, 0)
+
+# put() outcomes
+WRITTEN: Final = 0
+DUPLICATE: Final = 1
+GAP: Final = 2
+
+
+def queue_dir(root_dir: str, topic: str, queue_id: int) -> str:
+    return os.path.join(root_dir, "consumequeue", topic, str(queue_id))
+
+
+def is_blank(phy: int, size: int) -> bool:
+    return phy == 0 and size == BLANK_ENTRY_SIZE_FIELD
+
+
+class ConsumeQueue:
+    def __init__(self, root_dir: str, topic: str, queue_id: int, entries_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = entries_per_file * ENTRY_SIZE
+        self.mfq = MappedFileQueue(queue_dir(root_dir, topic, queue_id), self.file_size)
+        self.max_physic_offset = -1  # end (offset + size) of the newest entry, -1 when empty
+        self.min_logic_byte = 0  # byte position of the oldest live entry
+
+    # ----------------------------------------------------------------- offsets
+    @property
+    def min_offset(self) -> int:
+        return max(self.min_logic_byte, self.mfq.min_offset) // ENTRY_SIZE
+
+    @property
+    def max_offset(self) -> int:
+        """Queue offset the next entry gets (the number of entries, including expired ones)."""
+        return self.mfq.max_offset // ENTRY_SIZE
+
+    # ----------------------------------------------------------------- load / recover
+    def load(self) -> None:
+        self.mfq.load()
+
+    def recover(self) -> None:
+        """Find the last valid entry (spec §3.2), cut everything after it (zeroed)."""
+        files = self.mfq.files
+        if not files:
+            return
+        end = files[max(0, len(files) - 3)].base_offset
+        max_phy = -1
+        for f in files[max(0, len(files) - 3) :]:
+            pos = 0
+            for phy, size, _tag in ENTRY.iter_unpack(f.mm):
+                if phy < 0 or size <= 0:
+                    break
+                if not is_blank(phy, size):
+                    max_phy = phy + size
+                pos += ENTRY_SIZE
+            end = f.base_offset + pos
+            if pos < f.size:
+                break
+        self.mfq.truncate(end)
+        self.mfq.set_positions(end)
+        self.max_physic_offset = max_phy if max_phy >= 0 else self._scan_max_phy()
+        self.min_logic_byte = max(self.min_logic_byte, self.mfq.min_offset)
+
+    def _scan_max_phy(self) -> int:
+        q = self.max_offset - 1
+        while q >= self.min_offset:
+            e = self.get(q)
+            if e is not None and not is_blank(e[0], e[1]):
+                return e[0] + e[1]
+            q -= 1
+        return -1
+
+    # ----------------------------------------------------------------- write
+    def put(
+        self, phy: int, size: int, tag_code: int, queue_offset: int, allow_prefill: bool
+    ) -> int:
+        """Append the entry for a dispatched record. Idempotent: a replay is a DUPLICATE.
+
+        GAP means entries are missing before this one (lost files): nothing is written and the
+        caller decides whether to rebuild. With ``allow_prefill`` an empty queue starting past
+        entry 0 is padded with blank entries instead.
+        """
+        if phy + size <= self.max_physic_offset:
+            return DUPLICATE
+        expected = queue_offset * ENTRY_SIZE
+        if not self.mfq.files and expected:
+            if not allow_prefill:
+                return GAP
+            self._prefill(expected)
+        cur = self.mfq.max_offset
+        if expected < cur:
+            return DUPLICATE
+        if expected > cur:
+            return GAP
+        f = self.mfq.file_for_append(expected)
+        ENTRY.pack_into(f.mm, f.wrote, phy, size, tag_code)
+        f.wrote += ENTRY_SIZE
+        self.max_physic_offset = phy + size
+        return WRITTEN
+
+    def _prefill(self, expected: int) -> None:
+        f = self.mfq.file_for_append(expected)
+        pad = expected - f.base_offset
+        if pad:
+            f.mm[0:pad] = BLANK_ENTRY * (pad // ENTRY_SIZE)
+        f.wrote = pad
+        self.min_logic_byte = expected
+
+    # ----------------------------------------------------------------- read
+    def get(self, queue_offset: int) -> tuple[int, int, int] | None:
+        pos = queue_offset * ENTRY_SIZE
+        f = self.mfq.find_file(pos)
+        if f is None or pos - f.base_offset >= f.wrote:
+            return None
+        e: tuple[int, int, int] = ENTRY.unpack_from(f.mm, pos - f.base_offset)
+        return e
+
+    def read(self, queue_offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` entries from ``queue_offset`` (fewer at a file end or the head)."""
+        pos = queue_offset * ENTRY_SIZE
+        f = self.mfq.find_file(pos)
+        if f is None:
+            return []
+        start = pos - f.base_offset
+        stop = min(f.wrote, start + max_count * ENTRY_SIZE)
+        if stop <= start:
+            return []
+        return list(ENTRY.iter_unpack(f.mm[start:stop]))
+
+    def _bsearch(self, lo: int, hi: int, pred: Callable[[int], bool]) -> int:
+        """First queue offset in [lo, hi) where pred holds (pred monotone), else hi."""
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pred(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _phy_at_least(self, phy_offset: int) -> Callable[[int], bool]:
+        def pred(q: int) -> bool:
+            e = self.get(q)
+            return e is None or (not is_blank(e[0], e[1]) and e[0] >= phy_offset)
+
+        return pred
+
+    def offset_by_time(self, timestamp_ms: int, store_time_of: Callable[[int, int], int]) -> int:
+        """First queue offset whose message was stored at or after ``timestamp_ms``."""
+
+        def pred(q: int) -> bool:
+            e = self.get(q)
+            if e is None:
+                return True
+            if is_blank(e[0], e[1]):
+                return False
+            return store_time_of(e[0], e[1]) >= timestamp_ms
+
+        return self._bsearch(self.min_offset, self.max_offset, pred)
+
+    # ----------------------------------------------------------------- truncate / retention
+    def truncate_phy(self, phy_offset: int) -> None:
+        """Remove every entry pointing at or beyond ``phy_offset`` (zeroed, not just forgotten)."""
+        if self.max_physic_offset <= phy_offset and self.max_physic_offset >= 0:
+            return
+        cut_q = self._bsearch(self.min_offset, self.max_offset, self._phy_at_least(phy_offset))
+        cut = cut_q * ENTRY_SIZE
+        if cut >= self.mfq.max_offset:
+            return
+        self.mfq.truncate(cut)
+        self.mfq.set_positions(cut)
+        if not self.mfq.files:
+            self.min_logic_byte = 0
+        self.max_physic_offset = self._scan_max_phy()
+
+    def correct_min_offset(self, commitlog_min: int) -> None:
+        self.min_logic_byte = ENTRY_SIZE * self._bsearch(
+            self.min_offset, self.max_offset, self._phy_at_least(commitlog_min)
+        )
+
+    def delete_expired(self, commitlog_min: int) -> int:
+        """Delete head files whose last entry points below the CommitLog's minimum offset."""
+        count = 0
+        for f in self.mfq.files[:-1]:
+            (phy, size, _) = ENTRY.unpack_from(f.mm, f.size - ENTRY_SIZE)
+            if phy + size > commitlog_min and not is_blank(phy, size):
+                break
+            count += 1
+        deleted = len(self.mfq.delete_head(count))
+        self.correct_min_offset(commitlog_min)
+        return deleted
+
+    def flush(self, least_pages: int = 0) -> None:
+        self.mfq.flush(least_pages)
+
+    def close(self) -> None:
+        self.mfq.close()

@@ -1,0 +1,167 @@
+"""Dispatch (RocketMQ's "reput"): turn whole CommitLog records into ConsumeQueue entries and index
+keys. The same code serves a master's own appends, a replica's copied bytes and recovery.
+
+Idempotent: a ConsumeQueue skips entries it already holds (by physical offset and queue offset)
+and the index skips messages it has indexed, so replaying a range writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+
+from storage.commitlog import CommitLog
+from storage.consume_queue import GAP, ConsumeQueue
+from storage.errors import CorruptRecordError, CorruptStoreError
+from storage.index_file import IndexService
+from storage.javahash import tag_code
+from storage.record import (
+    CORRUPT,
+    END_OF_FILE,
+    OK,
+    TRANSACTION_MASK,
+    TRANSACTION_PREPARED,
+    TRANSACTION_ROLLBACK,
+    RecordInfo,
+)
+
+log = logging.getLogger(__name__)
+
+DispatchListener = Callable[[str, int, int], None]
+"""Called with (topic, queue id, new max queue offset) after new entries become readable."""
+
+
+class DispatchGapError(CorruptStoreError):
+    """A record's queue offset lies past the end of its ConsumeQueue: entries are missing."""
+
+    def __init__(self, topic: str, queue_id: int, queue_offset: int, phy_offset: int) -> None:
+        super().__init__(
+            f"ConsumeQueue {topic}/{queue_id} lacks entries before queue offset {queue_offset} "
+            f"(record at CommitLog offset {phy_offset})"
+        )
+        self.topic = topic
+        self.queue_id = queue_id
+
+
+class ConsumeQueueStore:
+    """Every ConsumeQueue of the store, created on first use."""
+
+    def __init__(self, root_dir: str, entries_per_file: int) -> None:
+        self.root_dir = root_dir
+        self.entries_per_file = entries_per_file
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        top = os.path.join(self.root_dir, "consumequeue")
+        if not os.path.isdir(top):
+            return
+        for topic in sorted(os.listdir(top)):
+            tdir = os.path.join(top, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for qid in sorted(os.listdir(tdir)):
+                if qid.isdigit():
+                    cq = ConsumeQueue(self.root_dir, topic, int(qid), self.entries_per_file)
+                    cq.load()
+                    self.queues[topic, int(qid)] = cq
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.queues.get((topic, queue_id))
+        if cq is None:
+            with self._lock:
+                cq = self.queues.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(self.root_dir, topic, queue_id, self.entries_per_file)
+                    self.queues = {**self.queues, (topic, queue_id): cq}
+        return cq
+
+    def all(self) -> Iterable[ConsumeQueue]:
+        return list(self.queues.values())
+
+    def max_physic_offset(self) -> int:
+        return max((cq.max_physic_offset for cq in self.queues.values()), default=-1)
+
+    def flush(self, least_pages: int = 0) -> None:
+        for cq in self.all():
+            cq.flush(least_pages)
+
+    def close(self) -> None:
+        for cq in self.all():
+            cq.close()
+
+
+class Dispatcher:
+    """Advances ``offset`` over whole, valid records. Not thread-safe: one caller at a time."""
+
+    def __init__(
+        self, commitlog: CommitLog, queues: ConsumeQueueStore, index: IndexService | None
+    ) -> None:
+        self.commitlog = commitlog
+        self.queues = queues
+        self.index = index
+        self.offset = commitlog.min_offset
+        self.last_store_timestamp_ms = 0
+        self.error: CorruptRecordError | None = None
+        self.listeners: list[DispatchListener] = []
+
+    def dispatch(self, end: int, *, allow_prefill: bool = True) -> int:
+        """Dispatch every whole record in [offset, end); returns how many were dispatched.
+
+        Stops before an incomplete record (more bytes may come) and at a corrupt one, which is
+        kept in ``error`` so the owner can refuse to go further.
+        """
+        cl = self.commitlog
+        touched: dict[tuple[str, int], int] = {}
+        count = 0
+        for at, status, info in cl.iter_records(self.offset, end, cl.trusted_end):
+            if status == OK:
+                assert isinstance(info, RecordInfo)
+                self._apply(info, allow_prefill, touched)
+                self.offset = at + info.size
+                if at >= cl.trusted_end:
+                    cl.trusted_end = self.offset
+                count += 1
+            elif status == END_OF_FILE:
+                self.offset = at - at % cl.file_size + cl.file_size
+                if at >= cl.trusted_end:
+                    cl.trusted_end = self.offset
+            else:
+                if status == CORRUPT:
+                    self.error = CorruptRecordError(at, str(info))
+                break
+        if touched:
+            for (topic, qid), max_q in touched.items():
+                for listener in self.listeners:
+                    listener(topic, qid, max_q)
+        return count
+
+    def _apply(
+        self, info: RecordInfo, allow_prefill: bool, touched: dict[tuple[str, int], int]
+    ) -> None:
+        tx = info.sys_flag & TRANSACTION_MASK
+        if tx not in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
+            cq = self.queues.get_or_create(info.topic, info.queue_id)
+            tag = tag_code(info.tags.decode("utf-8", "replace")) if info.tags else 0
+            if cq.put(info.phy_offset, info.size, tag, info.queue_offset, allow_prefill) == GAP:
+                raise DispatchGapError(
+                    info.topic, info.queue_id, info.queue_offset, info.phy_offset
+                )
+            key = (info.topic, info.queue_id)
+            touched[key] = info.queue_offset + 1
+            table = self.commitlog.topic_queue_table
+            if table.get(key, 0) <= info.queue_offset:
+                table[key] = info.queue_offset + 1
+        if self.index is not None and tx != TRANSACTION_ROLLBACK and (info.keys or info.uniq_key):
+            keys: list[str] = []
+            if info.uniq_key:
+                keys.append(info.uniq_key.decode("utf-8", "replace"))
+            if info.keys:
+                keys.extend(k for k in info.keys.decode("utf-8", "replace").split(" ") if k)
+            self.index.build_index(info.topic, info.phy_offset, info.store_timestamp_ms, keys)
+        self.last_store_timestamp_ms = info.store_timestamp_ms

@@ -1,0 +1,528 @@
+"""The message key index: RocketMQ's IndexFile, byte for byte, and the service over its directory.
+
+One index file is a fixed-size hash table with chaining, all integers big-endian::
+
+    +--------------------------------------------------------------+  offset 0
+    | header, 40 bytes                                             |
+    |   int64 beginTimestamp   int64 endTimestamp                  |  0, 8
+    |   int64 beginPhyOffset   int64 endPhyOffset                  |  16, 24
+    |   int32 hashSlotCount    int32 indexCount (starts at 1)      |  32, 36
+    +--------------------------------------------------------------+  40
+    | slot_num slots, 4 bytes each: int32 newest entry no, 0=empty |
+    +--------------------------------------------------------------+  40 + slot_num*4
+    | max_index_num entries, 20 bytes each (entry 0 never used):   |
+    |   int32 keyHash  int64 phyOffset  int32 timeDiff  int32 prev |  4 + 8 + 4 + 4 = 20
+    +--------------------------------------------------------------+  40 + slot_num*4
+                                                                         + max_index_num*20
+
+Entry n sits at 40 + slot_num*4 + n*20. With the defaults (5,000,000 slots, 20,000,000 entries)
+a file is 40 + 20,000,000 + 400,000,000 = 420,000,040 bytes. keyHash is abs(Java hashCode) of
+"topic#key", the slot is keyHash % slot_num, timeDiff is whole seconds since beginTimestamp clamped
+to [0, 2^31-1], prev is the entry previously at the head of the same slot (0 ends the chain).
+
+Two deliberate choices beyond RocketMQ:
+
+* endTimestamp is the last entry's time as the entry records it (beginTimestamp + timeDiff*1000),
+  not the raw store time. The header is then a function of the entries, so ``trim_to`` and
+  ``repair_torn`` restore it byte for byte; no query can tell the difference, because entries are
+  matched on that same second-granularity time.
+* A put writes entry, slot, header body and indexCount in that order, so indexCount is the commit
+  point: anything at or beyond it is a torn put that ``repair_torn`` rolls back. After a kill that
+  lands in the very first put of a file, the begin fields may keep the torn values; an empty file's
+  header means nothing and the next put overwrites them.
+
+Durability is the caller's: ``flush`` (msync) is what survives power loss; a killed process loses
+nothing that reached the mapping.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import re
+import struct
+import threading
+import time
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
+from storage.errors import ConfigError, CorruptStoreError, DiskFullError, StoreClosedError
+from storage.javahash import index_key_hash
+
+_HEADER = struct.Struct(">qqqqii")
+# Everything but indexCount, which is written on its own and last: it is the commit point.
+_HEADER_BODY = struct.Struct(">qqqqi")
+_I32 = struct.Struct(">i")  # a slot, and the indexCount field
+_ENTRY = struct.Struct(">iqii")
+
+HEADER_SIZE = _HEADER.size
+SLOT_SIZE = _I32.size
+ENTRY_SIZE = _ENTRY.size
+_INDEX_COUNT_AT = _HEADER_BODY.size
+DEFAULT_SLOT_NUM = 5_000_000
+DEFAULT_MAX_INDEX_NUM = 20_000_000
+_INT32_MAX = 2**31 - 1
+_ZERO_ENTRY = bytes(ENTRY_SIZE)
+
+
+def index_file_size(slot_num: int, max_index_num: int) -> int:
+    """Bytes in an index file of this layout."""
+    if not 1 <= slot_num <= _INT32_MAX or not 2 <= max_index_num <= _INT32_MAX:
+        # Entry 0 is never used, so a file needs room for at least one more.
+        raise ConfigError(f"index layout needs 1 <= slots and 2 <= entries <= {_INT32_MAX}")
+    return HEADER_SIZE + slot_num * SLOT_SIZE + max_index_num * ENTRY_SIZE
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class IndexFile:
+    """One mapped index file. Not thread-safe: ``IndexService`` serialises access."""
+
+    def __init__(self, path: str, mm: mmap.mmap, slot_num: int, max_index_num: int) -> None:
+        self.path = path
+        self._mm = mm
+        self._slot_num = slot_num
+        self._max = max_index_num
+        self._entries_at = HEADER_SIZE + slot_num * SLOT_SIZE
+        header: tuple[int, int, int, int, int, int] = _HEADER.unpack_from(mm, 0)
+        self._begin_ts, self._end_ts, self._begin_phy, self._end_phy = header[:4]
+        self._slot_count, self._count = header[4:]
+
+    @classmethod
+    def create(
+        cls,
+        path: str,
+        slot_num: int,
+        max_index_num: int,
+        begin_phy_offset: int,
+        begin_timestamp: int,
+    ) -> IndexFile:
+        size = index_file_size(slot_num, max_index_num)
+        if os.path.exists(path):
+            raise FileExistsError(path)
+        # Built under a temporary name and renamed once the header is durable, so a crash never
+        # leaves a full-size file of zeros (indexCount 0) under a real name.
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    raise DiskFullError(f"no space for index file {path} ({size} bytes)") from e
+                raise
+            mm = mmap.mmap(fd, size)
+            _HEADER.pack_into(
+                mm, 0, begin_timestamp, begin_timestamp, begin_phy_offset, begin_phy_offset, 0, 1
+            )
+            # fsync also writes back pages dirtied through a shared mapping of the file.
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.rename(tmp, path)
+        _fsync_dir(os.path.dirname(path) or ".")
+        return cls(path, mm, slot_num, max_index_num)
+
+    @classmethod
+    def open(cls, path: str, slot_num: int, max_index_num: int) -> IndexFile:
+        size = index_file_size(slot_num, max_index_num)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            actual = os.fstat(fd).st_size
+            if actual != size:
+                raise CorruptStoreError(
+                    f"index file {path} is {actual} bytes, the layout of {slot_num} slots and "
+                    f"{max_index_num} entries needs {size}"
+                )
+            mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        f = cls(path, mm, slot_num, max_index_num)
+        if not 1 <= f._count <= max_index_num or not 0 <= f._slot_count <= slot_num:
+            f.close()
+            raise CorruptStoreError(
+                f"index file {path} has a nonsense header: indexCount {f._count}, "
+                f"hashSlotCount {f._slot_count}"
+            )
+        return f
+
+    @property
+    def begin_timestamp(self) -> int:
+        return self._begin_ts
+
+    @property
+    def end_timestamp(self) -> int:
+        return self._end_ts
+
+    @property
+    def begin_phy_offset(self) -> int:
+        return self._begin_phy
+
+    @property
+    def end_phy_offset(self) -> int:
+        return self._end_phy
+
+    @property
+    def hash_slot_count(self) -> int:
+        return self._slot_count
+
+    @property
+    def index_count(self) -> int:
+        return self._count
+
+    @property
+    def is_full(self) -> bool:
+        return self._count >= self._max
+
+    def _slot_at(self, key_hash: int) -> int:
+        return HEADER_SIZE + (key_hash % self._slot_num) * SLOT_SIZE
+
+    def _entry_at(self, n: int) -> int:
+        return self._entries_at + n * ENTRY_SIZE
+
+    def _entry(self, n: int) -> tuple[int, int, int, int]:
+        key_hash, phy, diff, prev = _ENTRY.unpack_from(self._mm, self._entry_at(n))
+        return key_hash, phy, diff, prev
+
+    def _slot(self, pos: int) -> int:
+        value: int = _I32.unpack_from(self._mm, pos)[0]
+        return value
+
+    def _write_header(self) -> None:
+        _HEADER_BODY.pack_into(
+            self._mm,
+            0,
+            self._begin_ts,
+            self._end_ts,
+            self._begin_phy,
+            self._end_phy,
+            self._slot_count,
+        )
+        _I32.pack_into(self._mm, _INDEX_COUNT_AT, self._count)
+
+    def _set_end_from_last_entry(self) -> None:
+        if self._count > 1:
+            _, self._end_phy, diff, _ = self._entry(self._count - 1)
+            self._end_ts = self._begin_ts + diff * 1000
+        else:
+            self._end_phy, self._end_ts = self._begin_phy, self._begin_ts
+
+    def put_key(self, key: str, phy_offset: int, store_timestamp_ms: int) -> bool:
+        """Index ``key`` (already "topic#key"); False when the file is full."""
+        n = self._count
+        if n >= self._max:
+            return False
+        if n > 1 and phy_offset < self._end_phy:
+            # trim_to relies on offsets never decreasing inside a file.
+            raise ValueError(f"index offset {phy_offset} is below {self._end_phy} in {self.path}")
+        key_hash = index_key_hash(key)
+        slot_pos = self._slot_at(key_hash)
+        head = self._slot(slot_pos)
+        prev = head if 0 < head < n else 0
+        if n == 1:
+            # Set before timeDiff is taken (RocketMQ takes it against the rolled-over begin), so
+            # the first entry is always at diff 0.
+            self._begin_ts, self._begin_phy = store_timestamp_ms, phy_offset
+        diff = min(max((store_timestamp_ms - self._begin_ts) // 1000, 0), _INT32_MAX)
+        _ENTRY.pack_into(self._mm, self._entry_at(n), key_hash, phy_offset, diff, prev)
+        _I32.pack_into(self._mm, slot_pos, n)
+        if head == 0:
+            self._slot_count += 1
+        self._end_ts = self._begin_ts + diff * 1000
+        self._end_phy = phy_offset
+        self._count = n + 1
+        self._write_header()
+        return True
+
+    def select(self, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:
+        """Offsets of entries whose hash matches ``key`` and time is in range, newest first."""
+        found: list[int] = []
+        key_hash = index_key_hash(key)
+        n = self._slot(self._slot_at(key_hash))
+        if max_num <= 0 or not 0 < n < self._count:
+            return found
+        while True:
+            entry_hash, phy, diff, prev = self._entry(n)
+            if diff < 0:
+                break
+            ts = self._begin_ts + diff * 1000
+            if entry_hash == key_hash and begin_ms <= ts <= end_ms:
+                found.append(phy)
+                if len(found) >= max_num:
+                    break
+            # Chains only point backwards; anything else is damage, and stopping keeps us finite.
+            if not 0 < prev < n or ts < begin_ms:
+                break
+            n = prev
+        return found
+
+    def iter_entries(self, reverse: bool = False) -> Iterator[tuple[int, int, int, int]]:
+        """(entry_no, key_hash, phy_offset, timestamp_ms) for every committed entry."""
+        numbers = range(self._count - 1, 0, -1) if reverse else range(1, self._count)
+        for n in numbers:
+            key_hash, phy, diff, _ = self._entry(n)
+            yield n, key_hash, phy, self._begin_ts + diff * 1000
+
+    def trim_to(self, phy_offset: int) -> int:
+        """Remove every entry with phyOffset >= ``phy_offset``; returns how many went."""
+        old = self._count
+        first = old
+        while first > 1 and self._entry(first - 1)[1] >= phy_offset:
+            first -= 1
+        if first == old:
+            return 0
+        # Undo the puts newest first on a scratch copy of the touched slots, so the header (the
+        # commit point) can go out before any slot changes: a kill halfway leaves a state that
+        # repair_torn finishes.
+        heads: dict[int, int] = {}
+        for n in range(old - 1, first - 1, -1):
+            key_hash, _, _, prev = self._entry(n)
+            pos = self._slot_at(key_hash)
+            if heads.get(pos, self._slot(pos)) == n:
+                heads[pos] = prev
+        self._slot_count -= sum(1 for pos, v in heads.items() if v == 0 and self._slot(pos) != 0)
+        self._count = first
+        self._set_end_from_last_entry()
+        self._write_header()
+        for n in range(old - 1, first - 1, -1):
+            key_hash, _, _, prev = self._entry(n)
+            pos = self._slot_at(key_hash)
+            if self._slot(pos) == n:
+                _I32.pack_into(self._mm, pos, prev)
+            at = self._entry_at(n)
+            self._mm[at : at + ENTRY_SIZE] = _ZERO_ENTRY
+        return old - first
+
+    def repair_torn(self) -> int:
+        """Roll back puts that never reached indexCount; returns how many entries it cleaned."""
+        count = self._count
+        cleaned = 0
+        for n in range(count, self._max):
+            at = self._entry_at(n)
+            raw = self._mm[at : at + ENTRY_SIZE]
+            # A torn entry whose bytes are all zero (hash 0, offset 0) may still own slot 0.
+            pos = self._slot_at(_ENTRY.unpack(raw)[0])
+            head = self._slot(pos)
+            fixed = head >= count
+            while count <= head:
+                prev = self._entry(head)[3] if head < self._max else 0
+                head = prev if prev < head else 0
+            if fixed:
+                _I32.pack_into(self._mm, pos, head)
+            if raw == _ZERO_ENTRY and not fixed:
+                break
+            self._mm[at : at + ENTRY_SIZE] = _ZERO_ENTRY
+            cleaned += 1
+        if cleaned:
+            # The torn put may or may not have written the header body; rebuild it from what the
+            # committed entries and slots say.
+            slots = array("i", self._mm[HEADER_SIZE : self._entries_at])
+            self._slot_count = self._slot_num - slots.count(0)
+            self._set_end_from_last_entry()
+            self._write_header()
+        return cleaned
+
+    def flush(self) -> None:
+        self._mm.flush()
+
+    def close(self) -> None:
+        if not self._mm.closed:
+            self._mm.close()
+
+    def destroy(self) -> None:
+        self.close()
+        os.unlink(self.path)
+
+
+_NAME = re.compile(r"\d{17}")
+_NAME_TIME = "%Y%m%d%H%M%S"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _file_name(ms: int) -> str:
+    t = datetime.fromtimestamp(ms // 1000, UTC)
+    return f"{t.strftime(_NAME_TIME)}{ms % 1000:03d}"
+
+
+def _name_ms(name: str) -> int:
+    t = datetime.strptime(name[:14], _NAME_TIME).replace(tzinfo=UTC)
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1) + int(name[14:])
+
+
+class IndexService:
+    """The index directory: files named by creation time (UTC ``yyyyMMddHHmmssSSS``), oldest first.
+
+    Thread-safe; ``load`` must run before anything else. Where RocketMQ is looser: a replay of the
+    last indexed message completes it when a kill cut it between two keys, and files without
+    entries (a kill right after a roll) take no part in queries or the replay check.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        slot_num: int,
+        max_index_num: int,
+        now_ms: Callable[[], int] = _now_ms,
+    ) -> None:
+        index_file_size(slot_num, max_index_num)
+        self.directory = directory
+        self._slot_num = slot_num
+        self._max = max_index_num
+        self._now_ms = now_ms
+        self._lock = threading.Lock()
+        self._files: list[IndexFile] | None = None
+
+    def _open_files(self) -> list[IndexFile]:
+        if self._files is None:
+            raise StoreClosedError(f"index service at {self.directory} is not loaded")
+        return self._files
+
+    def load(self) -> None:
+        with self._lock:
+            os.makedirs(self.directory, exist_ok=True)
+            files: list[IndexFile] = []
+            try:
+                for name in sorted(os.listdir(self.directory)):
+                    path = os.path.join(self.directory, name)
+                    if name.endswith(".tmp") and _NAME.fullmatch(name[:-4]):
+                        os.unlink(path)  # a create that died before its rename
+                    elif _NAME.fullmatch(name):
+                        files.append(IndexFile.open(path, self._slot_num, self._max))
+                if files:
+                    files[-1].repair_torn()
+            except BaseException:
+                for f in files:
+                    f.close()
+                raise
+            self._files = files
+
+    def _create(self, begin_phy_offset: int, begin_timestamp: int) -> IndexFile:
+        files = self._open_files()
+        ms = self._now_ms()
+        if files:
+            # Names must sort in creation order even if the clock stands still or steps back.
+            ms = max(ms, _name_ms(os.path.basename(files[-1].path)) + 1)
+        path = os.path.join(self.directory, _file_name(ms))
+        f = IndexFile.create(path, self._slot_num, self._max, begin_phy_offset, begin_timestamp)
+        files.append(f)
+        return f
+
+    def _newest_with_entries(self) -> IndexFile | None:
+        return next((f for f in reversed(self._open_files()) if f.index_count > 1), None)
+
+    def _entries_at_offset(self, phy_offset: int) -> int:
+        found = 0
+        for f in reversed(self._open_files()):
+            for _, _, phy, _ in f.iter_entries(reverse=True):
+                if phy != phy_offset:
+                    return found
+                found += 1
+        return found
+
+    def build_index(
+        self, topic: str, phy_offset: int, store_timestamp_ms: int, keys: Sequence[str]
+    ) -> None:
+        """Index one message's keys (UNIQ_KEY and the KEYS values); replays are no-ops."""
+        with self._lock:
+            full_keys = [f"{topic}#{k}" for k in keys if k]
+            newest = self._newest_with_entries()
+            if newest is not None and phy_offset <= newest.end_phy_offset:
+                if phy_offset < newest.end_phy_offset:
+                    return
+                # The last message may have been cut short by a kill between two of its keys;
+                # keys go in in order, so the ones already there are a prefix.
+                full_keys = full_keys[self._entries_at_offset(phy_offset) :]
+            files = self._open_files()
+            for key in full_keys:
+                f = files[-1] if files else self._create(phy_offset, store_timestamp_ms)
+                if f.put_key(key, phy_offset, store_timestamp_ms):
+                    continue
+                # Nothing writes to a full file again, so this is its last flush.
+                f.flush()
+                f = self._create(f.end_phy_offset, f.end_timestamp)
+                if not f.put_key(key, phy_offset, store_timestamp_ms):
+                    raise AssertionError(f"fresh index file {f.path} refused a key")
+
+    def query(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
+        """Offsets of messages whose key hash matches, newest first; collisions included."""
+        with self._lock:
+            full_key = f"{topic}#{key}"
+            found: list[int] = []
+            for f in reversed(self._open_files()):
+                if len(found) >= max_num:
+                    break
+                if f.index_count <= 1:
+                    continue  # an empty file's header range is not real
+                if f.begin_timestamp <= end_ms and f.end_timestamp >= begin_ms:
+                    found += f.select(full_key, begin_ms, end_ms, max_num - len(found))
+                if f.begin_timestamp < begin_ms:
+                    break
+            return found
+
+    def trim_to(self, phy_offset: int) -> None:
+        """Forget every entry at or beyond ``phy_offset``, as if it had never been indexed."""
+        with self._lock:
+            files = self._open_files()
+            while files:
+                f = files[-1]
+                first = next(f.iter_entries(), None)
+                if f.begin_phy_offset >= phy_offset and (first is None or first[2] >= phy_offset):
+                    files.pop().destroy()
+                    continue
+                f.trim_to(phy_offset)
+                break
+
+    def delete_files_below(self, min_phy_offset: int) -> int:
+        """Retention: delete the oldest files whose every entry is below ``min_phy_offset``."""
+        with self._lock:
+            files = self._open_files()
+            deleted = 0
+            while len(files) > 1 and files[0].end_phy_offset < min_phy_offset:
+                files.pop(0).destroy()
+                deleted += 1
+            return deleted
+
+    def flush(self) -> None:
+        with self._lock:
+            files = self._open_files()
+            # Only the newest file is ever written: a full one is flushed as it is left behind.
+            if files:
+                files[-1].flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._files is None:
+                return
+            files, self._files = self._files, None
+            try:
+                if files:
+                    files[-1].flush()
+            finally:
+                for f in files:
+                    f.close()
+
+    @property
+    def files(self) -> list[IndexFile]:
+        with self._lock:
+            return list(self._open_files())
+
+    @property
+    def end_phy_offset(self) -> int:
+        """End offset of the newest file that has entries, -1 when nothing is indexed."""
+        with self._lock:
+            newest = self._newest_with_entries()
+            return -1 if newest is None else newest.end_phy_offset

@@ -1,0 +1,467 @@
+"""CommitLog record codec: RocketMQ's message layout, byte for byte (spec §1.2-1.4).
+
+Every integer is big-endian. With IPv4 hosts and the V1 magic a record is::
+
+    off  size  field
+      0     4  TOTALSIZE            whole record, this field included
+      4     4  MAGICCODE            V1 0xDAA320A7 | V2 0xDAA320AB (2-byte topic length)
+      8     4  BODYCRC              zlib.crc32(body) & 0x7FFFFFFF
+     12     4  QUEUEID
+     16     4  FLAG
+     20     8  QUEUEOFFSET          entry number in the ConsumeQueue
+     28     8  PHYSICALOFFSET       global CommitLog offset of this record
+     36     4  SYSFLAG              0x10 born host v6, 0x20 store host v6, 0x4/0xC prepared/rollback
+     40     8  BORNTIMESTAMP        ms, producer clock
+     48     8  BORNHOST             4-byte address + int32 port (IPv6: 16 + 4)
+     56     8  STORETIMESTAMP       ms, broker clock
+     64     8  STOREHOSTADDRESS     as BORNHOST
+     72     4  RECONSUMETIMES
+     76     8  PREPARED TRANSACTION OFFSET
+     84     4  BODY LENGTH, then the body at 88
+      .     1  TOPIC LENGTH (V1; 2 bytes in V2), then the UTF-8 topic
+      .     2  PROPERTIES LENGTH (signed), then "name\\x01value\\x02"...
+
+    fixed overhead: 20 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2 = 91 bytes
+    (each IPv6 host adds 12)
+
+End of file: when a record plus 8 bytes does not fit in what is left of a file, an 8-byte blank
+marker (int32 remaining bytes, int32 0xCBD43194) is written and the record goes to the next file,
+so a record never straddles two files.
+
+Offset message id: store address + store port (int32) + PHYSICALOFFSET (int64), as uppercase hex:
+32 characters for an IPv4 store host.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from storage.errors import (
+    BodyTooLargeError,
+    InvalidMessageIdError,
+    InvalidPropertyError,
+    InvalidTopicError,
+    PropertiesTooLargeError,
+)
+
+MAGIC_V1: Final = 0xDAA320A7
+MAGIC_V2: Final = 0xDAA320AB
+BLANK_MAGIC: Final = 0xCBD43194
+BLANK_SIZE: Final = 8
+FIXED_OVERHEAD_V4: Final = 91
+
+SYSFLAG_BORNHOST_V6: Final = 0x10
+SYSFLAG_STOREHOST_V6: Final = 0x20
+TRANSACTION_MASK: Final = 0xC
+TRANSACTION_PREPARED: Final = 0x4
+TRANSACTION_ROLLBACK: Final = 0xC
+
+TOPIC_MAX_BYTES: Final = 127
+PROPERTIES_MAX_BYTES: Final = 32_767
+_TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+Buf = bytes | bytearray | memoryview | mmap.mmap
+WBuf = bytearray | memoryview | mmap.mmap
+
+PROP_TAGS: Final = "TAGS"
+PROP_KEYS: Final = "KEYS"
+PROP_UNIQ_KEY: Final = "UNIQ_KEY"
+NAME_SEP: Final = "\x01"
+PROP_SEP: Final = "\x02"
+
+# TOTALSIZE .. BORNTIMESTAMP: the part before the first host, identical in every variant.
+PREFIX = struct.Struct(">iIiiiqqiq")
+BLANK = struct.Struct(">iI")
+_HOST = {False: "4si", True: "16si"}
+
+
+def _header(born_v6: bool, store_v6: bool) -> struct.Struct:
+    return struct.Struct(">iIiiiqqiq" + _HOST[born_v6] + "q" + _HOST[store_v6] + "iqi")
+
+
+# Full header up to and including BODY LENGTH, keyed by (born host v6, store host v6).
+HEADERS: Final = {(b, s): _header(b, s) for b in (False, True) for s in (False, True)}
+# The same header without the prefix, for decoding once SYSFLAG is known.
+_SUFFIX: Final = {
+    (b, s): struct.Struct(">" + _HOST[b] + "q" + _HOST[s] + "iqi")
+    for b in (False, True)
+    for s in (False, True)
+}
+
+
+def body_crc(body: bytes | memoryview) -> int:
+    return zlib.crc32(body) & 0x7FFFFFFF
+
+
+def validate_topic(topic: str) -> bytes:
+    encoded = topic.encode("utf-8")
+    if not encoded:
+        raise InvalidTopicError("topic is empty")
+    if len(encoded) > TOPIC_MAX_BYTES:
+        raise InvalidTopicError(f"topic is {len(encoded)} bytes, at most {TOPIC_MAX_BYTES} allowed")
+    if not _TOPIC_RE.match(topic):
+        raise InvalidTopicError(
+            f"topic {topic!r} may hold only letters, digits, '%', '|', '_', '-'"
+        )
+    return encoded
+
+
+def encode_properties(props: Mapping[str, str]) -> bytes:
+    parts: list[str] = []
+    for name, value in props.items():
+        if not name or any(c in name for c in "\x01\x02") or any(c in value for c in "\x01\x02"):
+            raise InvalidPropertyError(
+                f"property {name!r} must be non-empty and free of \\x01 and \\x02"
+            )
+        parts.append(name + NAME_SEP + value + PROP_SEP)
+    encoded = "".join(parts).encode("utf-8")
+    if len(encoded) > PROPERTIES_MAX_BYTES:
+        raise PropertiesTooLargeError(
+            f"properties are {len(encoded)} bytes, at most {PROPERTIES_MAX_BYTES} allowed"
+        )
+    return encoded
+
+
+def decode_properties(raw: bytes) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for item in raw.decode("utf-8", "replace").split(PROP_SEP):
+        name, sep, value = item.partition(NAME_SEP)
+        if sep:
+            props[name] = value
+    return props
+
+
+def find_property(raw: bytes, name: bytes) -> bytes | None:
+    """One property's value straight from the encoded bytes, without building a dict."""
+    needle = name + b"\x01"
+    if raw.startswith(needle):
+        start = len(needle)
+    else:
+        at = raw.find(b"\x02" + needle)
+        if at < 0:
+            return None
+        start = at + 1 + len(needle)
+    end = raw.find(b"\x02", start)
+    return raw[start:] if end < 0 else raw[start:end]
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as a producer hands it to the store."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: tuple[bytes, int] = (b"\x7f\x00\x00\x01", 0)
+    sys_flag: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+@dataclass(slots=True)
+class EncodedMessage:
+    """A validated message with everything computed that does not need the append lock."""
+
+    topic: bytes
+    queue_id: int
+    body: bytes
+    tail: bytes  # topic length + topic + properties length + properties
+    crc: int
+    flag: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: tuple[bytes, int]
+    reconsume_times: int
+    prepared_transaction_offset: int
+    size: int
+
+
+def prepare(msg: Message, max_body_bytes: int, store_host_v6: bool) -> EncodedMessage:
+    """Validate and pre-encode one message; raises a MessageIllegalError subclass on bad input."""
+    topic = validate_topic(msg.topic)
+    if len(msg.body) > max_body_bytes:
+        raise BodyTooLargeError(f"body is {len(msg.body)} bytes, at most {max_body_bytes} allowed")
+    props = dict(msg.properties)
+    if msg.tags:
+        props[PROP_TAGS] = msg.tags
+    if msg.keys:
+        for k in msg.keys:
+            if not k or " " in k:
+                raise InvalidPropertyError(f"key {k!r} must be non-empty and free of spaces")
+        props[PROP_KEYS] = " ".join(msg.keys)
+    props_raw = encode_properties(props) if props else b""
+    born_v6 = len(msg.born_host[0]) == 16
+    sys_flag = msg.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+    if born_v6:
+        sys_flag |= SYSFLAG_BORNHOST_V6
+    if store_host_v6:
+        sys_flag |= SYSFLAG_STOREHOST_V6
+    tail = bytes((len(topic),)) + topic + struct.pack(">h", len(props_raw)) + props_raw
+    size = HEADERS[born_v6, store_host_v6].size + len(msg.body) + len(tail)
+    return EncodedMessage(
+        topic=topic,
+        queue_id=msg.queue_id,
+        body=bytes(msg.body),
+        tail=tail,
+        crc=body_crc(msg.body),
+        flag=msg.flag,
+        sys_flag=sys_flag,
+        born_timestamp_ms=msg.born_timestamp_ms,
+        born_host=msg.born_host,
+        reconsume_times=msg.reconsume_times,
+        prepared_transaction_offset=msg.prepared_transaction_offset,
+        size=size,
+    )
+
+
+def write_record(
+    buf: WBuf,
+    pos: int,
+    m: EncodedMessage,
+    queue_offset: int,
+    phy_offset: int,
+    store_timestamp_ms: int,
+    store_host: tuple[bytes, int],
+) -> None:
+    """Write one prepared record at ``pos`` of a writable buffer (an mmap)."""
+    hdr = HEADERS[bool(m.sys_flag & SYSFLAG_BORNHOST_V6), bool(m.sys_flag & SYSFLAG_STOREHOST_V6)]
+    born_ts = m.born_timestamp_ms or store_timestamp_ms
+    hdr.pack_into(
+        buf,
+        pos,
+        m.size,
+        MAGIC_V1,
+        m.crc,
+        m.queue_id,
+        m.flag,
+        queue_offset,
+        phy_offset,
+        m.sys_flag,
+        born_ts,
+        m.born_host[0],
+        m.born_host[1],
+        store_timestamp_ms,
+        store_host[0],
+        store_host[1],
+        m.reconsume_times,
+        m.prepared_transaction_offset,
+        len(m.body),
+    )
+    start = pos + hdr.size
+    mid = start + len(m.body)
+    buf[start:mid] = m.body
+    buf[mid : mid + len(m.tail)] = m.tail
+
+
+def write_blank(buf: WBuf, pos: int, remaining: int) -> None:
+    BLANK.pack_into(buf, pos, remaining, BLANK_MAGIC)
+
+
+def encode_record(
+    msg: Message,
+    queue_offset: int,
+    phy_offset: int,
+    store_timestamp_ms: int,
+    store_host: tuple[bytes, int],
+    max_body_bytes: int = 4 << 20,
+) -> bytes:
+    """One whole record as bytes (tests, tools); the store writes straight into its mmap instead."""
+    m = prepare(msg, max_body_bytes, len(store_host[0]) == 16)
+    buf = bytearray(m.size)
+    write_record(buf, 0, m, queue_offset, phy_offset, store_timestamp_ms, store_host)
+    return bytes(buf)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """A record decoded for a reader."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    body: bytes
+    body_crc: int
+    flag: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: tuple[bytes, int]
+    store_timestamp_ms: int
+    store_host: tuple[bytes, int]
+    reconsume_times: int
+    prepared_transaction_offset: int
+    properties: dict[str, str]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROP_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(PROP_KEYS, "").split(" ") if k]
+
+    @property
+    def msg_id(self) -> str:
+        return make_msg_id(self.store_host, self.phy_offset)
+
+
+# Outcomes of checking the bytes at one position (spec §1.4).
+OK: Final = 0
+END_OF_FILE: Final = 1
+INCOMPLETE: Final = 2  # fewer bytes than the record claims: a torn or still-arriving tail
+CORRUPT: Final = 3
+
+
+@dataclass(slots=True)
+class RecordInfo:
+    """What dispatch and recovery need from one record, read without decoding the body."""
+
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    sys_flag: int
+    store_timestamp_ms: int
+    tags: bytes | None
+    keys: bytes | None
+    uniq_key: bytes | None
+
+
+def check_record(
+    buf: Buf, pos: int, limit: int, verify_crc: bool, expect_phy_offset: int
+) -> tuple[int, RecordInfo | str | None]:
+    """Check the record at ``pos`` of ``buf`` (readable up to ``limit``).
+
+    Returns (OK, RecordInfo), (END_OF_FILE, None), (INCOMPLETE, reason) or (CORRUPT, reason).
+    Beyond RocketMQ's checks, PHYSICALOFFSET must equal ``expect_phy_offset``: a stale but
+    well-formed record left behind a shorter new tail is then not mistaken for a live one.
+    """
+    avail = limit - pos
+    if avail < BLANK_SIZE:
+        return INCOMPLETE, f"only {avail} bytes left"
+    size, magic = BLANK.unpack_from(buf, pos)
+    if magic == BLANK_MAGIC:
+        return END_OF_FILE, None
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        if size == 0 and magic == 0:
+            return INCOMPLETE, "zeros where a record should start"
+        return CORRUPT, f"bad magic 0x{magic:08X}"
+    if size < FIXED_OVERHEAD_V4:
+        return CORRUPT, f"record size {size} below the minimum"
+    if size > avail:
+        return INCOMPLETE, f"record of {size} bytes but only {avail} available"
+    (_, _, crc, queue_id, _flag, queue_offset, phy_offset, sys_flag, _born) = PREFIX.unpack_from(
+        buf,
+        pos,
+    )
+    suffix = _SUFFIX[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
+    (_, _, store_ts, _, _, _, _, body_len) = suffix.unpack_from(buf, pos + PREFIX.size)
+    body_at = pos + PREFIX.size + suffix.size
+    topic_len_at = body_at + body_len
+    v2 = magic == MAGIC_V2
+    if body_len < 0 or topic_len_at + (2 if v2 else 1) + 2 > pos + size:
+        return CORRUPT, "body length runs past the record"
+    if v2:
+        (topic_len,) = struct.unpack_from(">h", buf, topic_len_at)
+        topic_at = topic_len_at + 2
+    else:
+        topic_len = buf[topic_len_at]
+        topic_at = topic_len_at + 1
+    props_len_at = topic_at + topic_len
+    if props_len_at + 2 > pos + size:
+        return CORRUPT, "topic length runs past the record"
+    (props_len,) = struct.unpack_from(">h", buf, props_len_at)
+    props_at = props_len_at + 2
+    if props_len < 0 or props_at + props_len != pos + size:
+        return CORRUPT, "record length does not match its fields"
+    if phy_offset != expect_phy_offset:
+        return CORRUPT, f"PHYSICALOFFSET {phy_offset} where {expect_phy_offset} was expected"
+    if verify_crc:
+        with memoryview(buf) as mv:
+            if body_crc(mv[body_at:topic_len_at]) != crc:
+                return CORRUPT, "body CRC mismatch"
+    topic = bytes(buf[topic_at:props_len_at]).decode("utf-8", "replace")
+    tags = keys = uniq = None
+    if props_len:
+        props = bytes(buf[props_at : props_at + props_len])
+        tags = find_property(props, b"TAGS")
+        keys = find_property(props, b"KEYS")
+        uniq = find_property(props, b"UNIQ_KEY")
+    return OK, RecordInfo(
+        size, topic, queue_id, queue_offset, phy_offset, sys_flag, store_ts, tags, keys, uniq
+    )
+
+
+def decode_record(buf: Buf, pos: int = 0) -> StoredMessage:
+    """Decode a record already known to be whole (see check_record)."""
+    (size, _magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts) = (
+        PREFIX.unpack_from(buf, pos)
+    )
+    v2 = _magic == MAGIC_V2
+    suffix = _SUFFIX[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
+    (born_ip, born_port, store_ts, store_ip, store_port, reconsume, prepared, body_len) = (
+        suffix.unpack_from(buf, pos + PREFIX.size)
+    )
+    body_at = pos + PREFIX.size + suffix.size
+    at = body_at + body_len
+    body = bytes(buf[body_at:at])
+    if v2:
+        (topic_len,) = struct.unpack_from(">h", buf, at)
+        at += 2
+    else:
+        topic_len = buf[at]
+        at += 1
+    topic = bytes(buf[at : at + topic_len]).decode("utf-8", "replace")
+    at += topic_len
+    (props_len,) = struct.unpack_from(">h", buf, at)
+    props = decode_properties(bytes(buf[at + 2 : at + 2 + props_len])) if props_len else {}
+    return StoredMessage(
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        phy_offset=phy_offset,
+        size=size,
+        body=body,
+        body_crc=crc,
+        flag=flag,
+        sys_flag=sys_flag,
+        born_timestamp_ms=born_ts,
+        born_host=(born_ip, born_port),
+        store_timestamp_ms=store_ts,
+        store_host=(store_ip, store_port),
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        properties=props,
+    )
+
+
+def make_msg_id(store_host: tuple[bytes, int], phy_offset: int) -> str:
+    return (store_host[0] + struct.pack(">iq", store_host[1], phy_offset)).hex().upper()
+
+
+def parse_msg_id(msg_id: str) -> tuple[tuple[bytes, int], int]:
+    """Offset message id -> ((store address, port), physical offset)."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError:
+        raise InvalidMessageIdError(f"message id {msg_id!r} is not hex") from None
+    if len(raw) not in (16, 28):
+        raise InvalidMessageIdError(
+            f"message id {msg_id!r} must be 32 (IPv4) or 56 (IPv6) hex characters"
+        )
+    addr_len = len(raw) - 12
+    port, offset = struct.unpack_from(">iq", raw, addr_len)
+    return (raw[:addr_len], port), offset
