@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Until the services land (issue 3) the main job is the store itself: a session that writes a
-# store under .run/, verifies it offline and prints what it holds.
+# Until the broker processes land, the main job is the store itself: append 10,000 messages
+# (group commit), verify every record, queue entry and index entry offline, show a few.
 run: venv
-	$(VENV)/bin/tidemq store demo $(RUN_DIR)/store
+	$(VENV)/bin/tidemq store put $(RUN_DIR)/store --topic orders --count 10000 --queues 4 \
+		--tags created --key-prefix order- --sync
 	$(VENV)/bin/tidemq store check $(RUN_DIR)/store
 	$(VENV)/bin/tidemq store dump $(RUN_DIR)/store --topic orders --limit 5
 

@@ -85,12 +85,20 @@ class MappedFile:
     def dirty_pages(self) -> int:
         return (self.wrote - self.flushed) // PAGE_SIZE
 
-    def zero_from(self, pos: int) -> bytes:
-        """Zero [pos, end of data) and return the non-zero bytes removed (for evidence).
+    def zero_from(self, pos: int, data_end: int | None = None) -> bytes:
+        """Zero [pos, end of data) and return the bytes removed (for evidence).
 
-        Data past ``pos`` is whatever a crashed writer or a diverged log left; it ends at the last
-        non-zero megabyte, since files start zeroed and truncation always zeroes.
+        With ``data_end`` the removed range is exact. Without it (recovery, where a crashed writer
+        left an unknown tail) data is taken to end at the last non-zero byte, since files start
+        zeroed and truncation always zeroes.
         """
+        if data_end is not None:
+            cut = bytes(self.mm[pos:data_end])
+            self.mm[pos:data_end] = bytes(len(cut))
+            if self.writable and cut:
+                start = pos - pos % PAGE_SIZE
+                self.mm.flush(start, data_end - start)
+            return cut
         end = self.size
         chunk = len(_ZERO_CHUNK)
         # Find the end of non-zero data from the back, a megabyte at a time.

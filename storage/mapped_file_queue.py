@@ -131,23 +131,31 @@ class MappedFileQueue:
         return self.flushed_offset
 
     # ----------------------------------------------------------------- truncation / deletion
-    def truncate(self, offset: int, evidence: Callable[[int, bytes], None] | None = None) -> None:
+    def truncate(
+        self,
+        offset: int,
+        evidence: Callable[[int, bytes], None] | None = None,
+        *,
+        exact: bool = False,
+    ) -> None:
         """Cut the log at ``offset``: zero the rest of its file, delete files beyond it.
 
         Bytes removed are handed to ``evidence(global_offset, bytes)`` before they are destroyed.
+        ``exact`` says the wrote positions are true (a running store), so evidence is exactly the
+        bytes written; otherwise (recovery) data ends at the last non-zero byte.
         """
         keep: list[MappedFile] = []
         for f in self.files:
             if f.end_offset <= offset:
                 keep.append(f)
             elif f.base_offset <= offset and not (f.base_offset == offset and keep):
-                cut = f.zero_from(offset - f.base_offset)
+                cut = f.zero_from(offset - f.base_offset, f.wrote if exact else None)
                 if cut and evidence is not None:
                     evidence(offset, cut)
                 f.wrote = f.flushed = offset - f.base_offset
                 keep.append(f)
             else:
-                data = f.zero_from(0)
+                data = f.zero_from(0, f.wrote if exact else None)
                 if data and evidence is not None:
                     evidence(f.base_offset, data)
                 f.destroy()

@@ -114,7 +114,8 @@ class MessageStore:
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.index)
         self._lock = StoreLock(self.root)
         self._put_lock = threading.Lock()
-        self._dispatch_lock = threading.Lock()
+        # Re-entrant: truncation holds it while writing the checkpoint, which takes it too.
+        self._dispatch_lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._dispatch_cond = threading.Condition()
         self._stop = threading.Event()
@@ -330,7 +331,7 @@ class MessageStore:
                 cq.truncate_phy(offset)
             if self.index is not None:
                 self.index.trim_to(offset)
-            cl.mfq.truncate(offset, evidence)
+            cl.mfq.truncate(offset, evidence, exact=True)
             cl.mfq.set_positions(offset)
             cl.trusted_end = min(cl.trusted_end, offset)
             cl.topic_queue_table = {k: cq.max_offset for k, cq in self.queues.queues.items()}

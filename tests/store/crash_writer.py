@@ -1,0 +1,149 @@
+"""Child process of the crash and corruption tests: opens a store and appends until killed.
+
+Prints, flushing after each:
+  ``R <abnormal 0|1> <cut bytes> <end offset> <pid>``  once the store is open (recovery done);
+  ``B <seq>``                                         before each batch is handed to the store;
+  ``A ...`` (see helpers.Ack.line)                     per message, only after the batch's
+                                                       future said PUT_OK (SYNC: flushed; ASYNC:
+                                                       appended to the mapping);
+  ``D``                                                when ``--count`` messages are written and
+                                                       ``--hold`` keeps it open until killed;
+  ``L <error>`` (exit 4)                               when the store lock is held by another.
+
+Failpoints (the process SIGKILLs itself, after printing ``K <what> <offset> ...``):
+  ``evidence-kill``  when recovery starts writing evidence (after the cut bytes were read);
+  ``torn-record``    in the middle of the record write number ``--failpoint-after``: only a random
+                     prefix of it reaches the mapping (``K torn <phy offset> <bytes> <nonzero>``);
+  ``after-blank``    right after the blank marker number ``--failpoint-after`` is written, before
+                     the batch goes on in the next file (``K blank <position> <remaining>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import random
+import signal
+import sys
+from typing import Any
+
+from storage import FlushMode, PutStatus
+from storage.errors import StoreLockedError
+from tests.store import helpers
+
+
+def die(what: str) -> None:
+    sys.stdout.write(f"K {what}\n")
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(failpoint: str, after: int, rng: random.Random) -> None:
+    # Typed as Any: the failpoints replace module functions and a method on purpose.
+    commitlog: Any = importlib.import_module("storage.commitlog")
+    evidence_writer: Any = importlib.import_module("storage.recovery").EvidenceWriter
+    left = after
+    if failpoint == "evidence-kill":
+
+        def evidence_kill(_self: object, offset: int, data: bytes) -> None:
+            die(f"evidence {offset} {len(data)}")
+
+        evidence_writer.__call__ = evidence_kill
+    elif failpoint == "torn-record":
+        real_record = commitlog.write_record
+
+        def torn_record(buf: Any, pos: int, m: Any, *rest: Any) -> None:
+            nonlocal left
+            if left > 0:
+                left -= 1
+                real_record(buf, pos, m, *rest)
+                return
+            whole = bytearray(m.size)
+            real_record(whole, 0, m, *rest)
+            k = rng.randint(1, m.size - 1)
+            buf[pos : pos + k] = whole[:k]
+            die(f"torn {rest[1]} {k} {int(any(whole[:k]))}")
+
+        commitlog.write_record = torn_record
+    elif failpoint == "after-blank":
+        real_blank = commitlog.write_blank
+
+        def after_blank(buf: Any, pos: int, remaining: int) -> None:
+            nonlocal left
+            real_blank(buf, pos, remaining)
+            if left > 0:
+                left -= 1
+                return
+            die(f"blank {pos} {remaining}")
+
+        commitlog.write_blank = after_blank
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("store_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--flush", choices=["SYNC", "ASYNC"], default="SYNC")
+    p.add_argument("--count", type=int, default=-1, help="messages to write; -1: until killed")
+    p.add_argument("--hold", action="store_true", help="after --count, stay open until killed")
+    p.add_argument("--prefix", default="m", help="unique key prefix")
+    p.add_argument("--checkpoint-ms", type=int, default=1000)
+    p.add_argument("--reopen-after", type=int, default=-1, help="close and reopen after N")
+    p.add_argument("--truncate-on-corruption", action="store_true")
+    p.add_argument("--failpoint", choices=["evidence-kill", "torn-record", "after-blank"])
+    p.add_argument("--failpoint-after", type=int, default=0)
+    args = p.parse_args()
+    if args.failpoint:
+        arm(args.failpoint, args.failpoint_after, random.Random(args.seed + 1))
+
+    cfg = helpers.store_config(
+        args.store_dir,
+        FlushMode(args.flush),
+        checkpoint_interval_ms=args.checkpoint_ms,
+        consume_queue_flush_interval_ms=args.checkpoint_ms,
+        truncate_on_corruption=args.truncate_on_corruption,
+    )
+    try:
+        s = helpers.start_store(cfg)
+    except StoreLockedError as e:
+        print(f"L {type(e).__name__}: {e}", flush=True)
+        return 4
+    rec = s.recovery
+    assert rec is not None
+    print(f"R {int(rec.abnormal)} {rec.cut_bytes} {rec.end_offset} {os.getpid()}", flush=True)
+
+    rng = random.Random(args.seed)
+    seq = 0
+    reopened = False
+    out = sys.stdout
+    while args.count < 0 or seq < args.count:
+        if not reopened and 0 <= args.reopen_after <= seq:
+            reopened = True
+            s.close()
+            s = helpers.start_store(cfg)
+        plan = helpers.plan_batch(rng, args.prefix, seq)
+        if args.count >= 0:
+            plan = plan[: args.count - seq]
+        out.write(f"B {seq}\n")
+        out.flush()
+        r = s.put_messages([m.message() for m in plan])
+        status = r.wait(60)
+        if status is not PutStatus.PUT_OK:
+            print(f"E {status}", flush=True)
+            return 3
+        out.write(
+            "".join(helpers.Ack.of(m, res).line() for m, res in zip(plan, r.results, strict=True))
+        )
+        out.flush()
+        seq += len(plan)
+    if args.hold:
+        print("D", flush=True)
+        sys.stdin.read()  # until the parent kills us (or closes our stdin)
+    s.close()
+    print("C", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Retention by time and by disk usage (injected), and what readers see afterwards."""
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from storage import Message, MessageStore
+from storage.errors import DiskFullError, OffsetBelowMinError
+from tests.store.conftest import tiny_config
+
+pytestmark = pytest.mark.store
+
+HOUR = 3600.0
+
+
+def fill(store: MessageStore, n: int) -> None:
+    for i in range(n):
+        store.put_messages([Message("t", b"x" * 300, queue_id=0, keys=[f"k{i}"])])
+    assert store.wait_dispatched(store.commitlog.max_offset, 10)
+
+
+def age_files(root: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    for name in os.listdir(root / "commitlog"):
+        os.utime(root / "commitlog" / name, (past, past))
+
+
+def test_expired_files_go_at_the_delete_hour_queues_and_index_follow(tmp_path: Path) -> None:
+    usage = [0.10]
+    cfg = tiny_config(tmp_path / "s", delete_when_hours=(time.localtime().tm_hour,),
+                      delete_file_batch_max=3)
+    with MessageStore(cfg, disk_usage_ratio=lambda: usage[0]) as s:
+        fill(s, 100)
+        files_before = len(s.commitlog.mfq.files)
+        assert s.run_retention() == 0  # nothing is 72 hours old yet
+        age_files(tmp_path / "s", 73 * HOUR)
+        assert s.run_retention() == 3  # at most delete_file_batch_max per pass
+        while s.run_retention():
+            pass
+        assert len(s.commitlog.mfq.files) == 1  # the newest file is never deleted
+        assert files_before > 4
+        lo = s.min_offset("t", 0)
+        assert lo > 0
+        with pytest.raises(OffsetBelowMinError) as e:
+            s.get_messages("t", 0, 0)
+        assert e.value.min_offset == lo
+        got = s.get_messages("t", 0, lo, max_count=100)
+        assert got.messages and got.messages[0].queue_offset == lo
+        assert len(os.listdir(tmp_path / "s" / "consumequeue" / "t" / "0")) < 7
+        assert s.query_by_key("t", "k0") == []
+        assert s.query_by_key("t", "k99")
+    with MessageStore(cfg) as s:  # min offsets survive a restart
+        assert s.min_offset("t", 0) == lo
+
+
+def test_disk_ratio_thresholds(tmp_path: Path) -> None:
+    usage = [0.50]
+    cfg = tiny_config(tmp_path / "s", delete_when_hours=((time.localtime().tm_hour + 12) % 24,))
+    with MessageStore(cfg, disk_usage_ratio=lambda: usage[0]) as s:
+        fill(s, 60)
+        assert s.run_retention() == 0  # not the hour, usage low
+        usage[0] = 0.80
+        assert s.run_retention() == 0  # deletes only expired files, none are
+        age_files(tmp_path / "s", 73 * HOUR)
+        assert s.run_retention() > 0
+        fill(s, 40)
+        usage[0] = 0.87
+        n = len(s.commitlog.mfq.files)
+        assert s.run_retention() > 0  # above 85 %: even files written seconds ago
+        assert len(s.commitlog.mfq.files) < n
+        usage[0] = 0.92
+        s.run_retention()
+        with pytest.raises(DiskFullError) as e:
+            s.put_messages([Message("t", b"refused")])
+        assert e.value.retriable
+        usage[0] = 0.60
+        s.run_retention()
+        s.put_messages([Message("t", b"accepted again")]).wait()
+
+
+def test_undispatched_files_are_never_deleted(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "s")
+    with MessageStore(cfg, disk_usage_ratio=lambda: 0.88) as s:
+        with s._dispatch_lock:  # hold dispatch back, as if it lagged
+            s.put_messages([Message("t", b"y" * 500) for _ in range(30)])
+            assert s.run_retention() == 0
+        assert s.wait_dispatched(s.commitlog.max_offset, 10)
