@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
+import enum
 import io
 import json
 import os
@@ -45,7 +47,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,6 +180,43 @@ class Workload:
 
 def n_messages(gib: float) -> int:
     return int(gib * (1 << 30)) // BODY_BYTES
+
+
+def config_fields(cfg: StoreConfig) -> Record:
+    """The store configuration the figures were measured with (JSON-able fields only)."""
+    out: Record = {}
+    for f in dataclasses.fields(cfg):
+        if not f.init:
+            continue  # derived (e.g. the packed store host)
+        v = getattr(cfg, f.name, None)
+        if isinstance(v, enum.Enum):
+            v = v.value
+        if isinstance(v, str | int | float | bool | tuple):
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def git_state() -> Record:
+    """HEAD and the uncommitted files under storage/: the tree is edited while we measure."""
+
+    def git(*args: str) -> str | None:
+        try:
+            p = subprocess.run(
+                ["git", "-C", _REPO, *args],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return p.stdout.rstrip("\n") if p.returncode == 0 else None
+
+    dirty = git("status", "--porcelain", "--", "storage")
+    return {
+        "head": (git("rev-parse", "--short", "HEAD") or "").strip() or None,
+        "storage_uncommitted": sorted(x[3:] for x in dirty.splitlines()) if dirty else [],
+    }
 
 
 # ===================================================================== 1 + 3: append, dispatch
@@ -407,7 +445,7 @@ def child_open(root: str, file_bytes: int) -> None:
     t = time.perf_counter()
     s = MessageStore(store_config(root, file_bytes, FlushMode.ASYNC)).open()
     open_s = time.perf_counter() - t
-    rep = asdict(s.recovery) if s.recovery is not None else {}
+    rep = dataclasses.asdict(s.recovery) if s.recovery is not None else {}
     out = {
         "child": "open",
         "open_s": open_s,
@@ -563,26 +601,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     n = n_messages(gib)
     base = os.environ.get("TMPDIR") or "/tmp"
     scratch = tempfile.mkdtemp(prefix="tidemq-bench-", dir=base)
-    started = time.perf_counter()
-    load_start = loadavg()
-    free = shutil.disk_usage(scratch).free
-    emit(
-        "config",
-        gib=gib,
-        msgs=n,
-        body_bytes=BODY_BYTES,
-        batch=BATCH,
-        queues=QUEUES,
-        runs=runs,
-        commitlog_file_bytes=file_bytes,
-        scratch=scratch,
-        scratch_free_gib=free / (1 << 30),
-        python=sys.version.split()[0],
-        cpus=os.cpu_count(),
-        loadavg=load_start,
-        malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
-    )
     try:
+        started = time.perf_counter()
+        load_start = loadavg()
+        free = shutil.disk_usage(scratch).free
+        emit(
+            "config",
+            gib=gib,
+            msgs=n,
+            body_bytes=BODY_BYTES,
+            batch=BATCH,
+            queues=QUEUES,
+            runs=runs,
+            commitlog_file_bytes=file_bytes,
+            scratch=scratch,
+            scratch_free_gib=free / (1 << 30),
+            python=sys.version.split()[0],
+            cpus=os.cpu_count(),
+            loadavg=load_start,
+            git=git_state(),
+            store_config=config_fields(store_config(scratch, file_bytes, FlushMode.ASYNC)),
+            malloc_env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        )
         return _run(a, gib, n, runs, durable_s, file_bytes, scratch, started, load_start)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -811,6 +851,7 @@ def _run(
         goal_memory_flat=growth <= GOAL_ANON_GROWTH_KIB if growth is not None else None,
         loadavg_start=load_start,
         loadavg_end=load_end,
+        git_end=git_state(),
         elapsed_s=time.perf_counter() - started,
     )
     return 0

@@ -77,6 +77,7 @@ class _OfflineStore:
             raise StoreError(f"{root} is not a tidemq store (no store.json)")
         self.root = root
         self.layout = layout
+        self.record_crc = bool(layout.get("record_crc", False))
         self.lock = StoreLock(root)
         self.lock.acquire()
         self.cl = MappedFileQueue(
@@ -118,14 +119,16 @@ class _OfflineStore:
         f = self.cl.find_file(phy)
         if f is None:
             return -1, "offset outside the CommitLog"
-        return check_record(f.mm, phy - f.base_offset, f.size, True, phy)
+        return check_record(f.mm, phy - f.base_offset, f.size, True, phy, self.record_crc)
 
     def walk(self) -> Iterator[tuple[int, int, RecordInfo | str | None]]:
         """Every record with CRC checks; ends with the first non-record (status != OK/EOF)."""
         for f in self.cl.files:
             pos = 0
             while pos < f.size:
-                status, info = check_record(f.mm, pos, f.size, True, f.base_offset + pos)
+                status, info = check_record(
+                    f.mm, pos, f.size, True, f.base_offset + pos, self.record_crc
+                )
                 yield f.base_offset + pos, status, info
                 if status == OK:
                     assert isinstance(info, RecordInfo)

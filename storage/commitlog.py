@@ -59,8 +59,15 @@ def _now_ms() -> int:
 
 
 class CommitLog:
-    def __init__(self, root_dir: str, file_size: int, store_host: tuple[bytes, int]) -> None:
+    def __init__(
+        self,
+        root_dir: str,
+        file_size: int,
+        store_host: tuple[bytes, int],
+        record_crc: bool = False,
+    ) -> None:
         self.file_size = file_size
+        self.record_crc = record_crc
         self.store_host = store_host
         self.mfq = MappedFileQueue(os.path.join(root_dir, "commitlog"), file_size)
         # (topic, queue id) -> queue offset the next message gets.
@@ -202,7 +209,7 @@ class CommitLog:
             base = f.base_offset
             while pos < limit:
                 at = base + pos
-                status, info = check_record(mm, pos, limit, at >= verify_from, at)
+                status, info = check_record(mm, pos, limit, at >= verify_from, at, self.record_crc)
                 if status == OK:
                     assert isinstance(info, RecordInfo)
                     yield at, status, info
@@ -231,7 +238,7 @@ class CommitLog:
         pos = phy_offset - f.base_offset
         limit = min(f.wrote, readable_end - f.base_offset)
         try:
-            status, info = check_record(f.mm, pos, limit, True, phy_offset)
+            status, info = check_record(f.mm, pos, limit, True, phy_offset, self.record_crc)
             if status != OK or (
                 size is not None and isinstance(info, RecordInfo) and info.size != size
             ):

@@ -45,6 +45,10 @@ class StoreConfig:
     index_slot_num: int = 5_000_000
     index_max_num: int = 20_000_000
     message_index_enable: bool = True
+    # Every record carries RocketMQ's whole-record CRC property (20 bytes, spec §1.2), so damage
+    # anywhere in a record is caught, not only in its body. RocketMQ's default is off. Part of the
+    # layout: fixed at creation, and master and slaves must agree.
+    record_crc: bool = True
     # Limits.
     max_message_body_bytes: int = 4 << 20
     # Flush.

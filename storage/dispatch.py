@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterable
 
@@ -52,6 +53,9 @@ class ConsumeQueueStore:
         self.root_dir = root_dir
         self.entries_per_file = entries_per_file
         self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        # Queues whose files could not be loaded (one missing in the middle): removed at load,
+        # recovery rebuilds them from the CommitLog.
+        self.damaged: list[tuple[str, int]] = []
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -65,7 +69,13 @@ class ConsumeQueueStore:
             for qid in sorted(os.listdir(tdir)):
                 if qid.isdigit():
                     cq = ConsumeQueue(self.root_dir, topic, int(qid), self.entries_per_file)
-                    cq.load()
+                    try:
+                        cq.load()
+                    except CorruptStoreError as e:
+                        log.warning("%s; the queue will be rebuilt from the CommitLog", e)
+                        shutil.rmtree(os.path.join(tdir, qid))
+                        self.damaged.append((topic, int(qid)))
+                        continue
                     self.queues[topic, int(qid)] = cq
 
     def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:

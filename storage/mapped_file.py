@@ -85,20 +85,12 @@ class MappedFile:
     def dirty_pages(self) -> int:
         return (self.wrote - self.flushed) // PAGE_SIZE
 
-    def zero_from(self, pos: int, data_end: int | None = None) -> bytes:
-        """Zero [pos, end of data) and return the bytes removed (for evidence).
-
-        With ``data_end`` the removed range is exact. Without it (recovery, where a crashed writer
-        left an unknown tail) data is taken to end at the last non-zero byte, since files start
-        zeroed and truncation always zeroes.
-        """
+    def tail_bytes(self, pos: int, data_end: int | None = None) -> bytes:
+        """The bytes in [pos, end of data): exactly up to ``data_end`` when given; otherwise
+        (recovery, where a crashed writer left an unknown tail) up to the last non-zero byte,
+        since files start zeroed and truncation always zeroes."""
         if data_end is not None:
-            cut = bytes(self.mm[pos:data_end])
-            self.mm[pos:data_end] = bytes(len(cut))
-            if self.writable and cut:
-                start = pos - pos % PAGE_SIZE
-                self.mm.flush(start, data_end - start)
-            return cut
+            return bytes(self.mm[pos:data_end])
         end = self.size
         chunk = len(_ZERO_CHUNK)
         # Find the end of non-zero data from the back, a megabyte at a time.
@@ -109,12 +101,15 @@ class MappedFile:
             end = start
         if end <= pos:
             return b""
-        cut = bytes(self.mm[pos:end]).rstrip(b"\x00")
-        self.mm[pos : pos + len(cut)] = bytes(len(cut))
-        if self.writable:
-            start = pos - pos % PAGE_SIZE
-            self.mm.flush(start, pos + len(cut) - start)
-        return cut
+        return bytes(self.mm[pos:end]).rstrip(b"\x00")
+
+    def zero(self, pos: int, length: int) -> None:
+        """Zero [pos, pos + length) durably."""
+        if length <= 0:
+            return
+        self.mm[pos : pos + length] = bytes(length)
+        start = pos - pos % PAGE_SIZE
+        self.mm.flush(start, pos + length - start)
 
     def close(self) -> None:
         if self.closed:

@@ -145,19 +145,25 @@ class MappedFileQueue:
         bytes written; otherwise (recovery) data ends at the last non-zero byte.
         """
         keep: list[MappedFile] = []
+        cuts: list[tuple[MappedFile, int, bytes]] = []  # (file, position in it, bytes removed)
         for f in self.files:
             if f.end_offset <= offset:
                 keep.append(f)
-            elif f.base_offset <= offset and not (f.base_offset == offset and keep):
-                cut = f.zero_from(offset - f.base_offset, f.wrote if exact else None)
-                if cut and evidence is not None:
-                    evidence(offset, cut)
-                f.wrote = f.flushed = offset - f.base_offset
+                continue
+            pos = offset - f.base_offset if f.base_offset <= offset else 0
+            cuts.append((f, pos, f.tail_bytes(pos, f.wrote if exact else None)))
+            if f.base_offset <= offset and not (f.base_offset == offset and keep):
                 keep.append(f)
+        # Evidence is on disk before a single byte is destroyed: a crash in between loses nothing.
+        if evidence is not None:
+            for f, pos, data in cuts:
+                if data:
+                    evidence(f.base_offset + pos, data)
+        for f, pos, data in cuts:
+            if f in keep:
+                f.zero(pos, len(data))
+                f.wrote = f.flushed = pos
             else:
-                data = f.zero_from(0, f.wrote if exact else None)
-                if data and evidence is not None:
-                    evidence(f.base_offset, data)
                 f.destroy()
         self.files = keep
 

@@ -69,6 +69,11 @@ _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 Buf = bytes | bytearray | memoryview | mmap.mmap
 WBuf = bytearray | memoryview | mmap.mmap
 
+PROP_RECORD_CRC: Final = "__CRC32#"
+RECORD_CRC_SIZE: Final = 20  # "__CRC32#" 0x01 ten-digits 0x02
+_RECORD_CRC_PREFIX: Final = b"__CRC32#\x01"
+_RECORD_CRC_PLACEHOLDER: Final = _RECORD_CRC_PREFIX + b"0" * 10 + b"\x02"
+
 PROP_TAGS: Final = "TAGS"
 PROP_KEYS: Final = "KEYS"
 PROP_UNIQ_KEY: Final = "UNIQ_KEY"
@@ -132,7 +137,7 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     props: dict[str, str] = {}
     for item in raw.decode("utf-8", "replace").split(PROP_SEP):
         name, sep, value = item.partition(NAME_SEP)
-        if sep:
+        if sep and name != PROP_RECORD_CRC:
             props[name] = value
     return props
 
@@ -185,10 +190,16 @@ class EncodedMessage:
     reconsume_times: int
     prepared_transaction_offset: int
     size: int
+    record_crc: bool = False
 
 
-def prepare(msg: Message, max_body_bytes: int, store_host_v6: bool) -> EncodedMessage:
-    """Validate and pre-encode one message; raises a MessageIllegalError subclass on bad input."""
+def prepare(
+    msg: Message, max_body_bytes: int, store_host_v6: bool, record_crc: bool = False
+) -> EncodedMessage:
+    """Validate and pre-encode one message; raises a MessageIllegalError subclass on bad input.
+
+    ``record_crc`` reserves RocketMQ's whole-record CRC property (``enabledAppendPropCRC``):
+    20 bytes at the end of the properties, filled in by ``write_record``."""
     topic = validate_topic(msg.topic)
     if len(msg.body) > max_body_bytes:
         raise BodyTooLargeError(f"body is {len(msg.body)} bytes, at most {max_body_bytes} allowed")
@@ -201,6 +212,13 @@ def prepare(msg: Message, max_body_bytes: int, store_host_v6: bool) -> EncodedMe
                 raise InvalidPropertyError(f"key {k!r} must be non-empty and free of spaces")
         props[PROP_KEYS] = " ".join(msg.keys)
     props_raw = encode_properties(props) if props else b""
+    if record_crc:
+        if len(props_raw) + RECORD_CRC_SIZE > PROPERTIES_MAX_BYTES:
+            raise PropertiesTooLargeError(
+                f"properties are {len(props_raw)} bytes; with the record CRC at most "
+                f"{PROPERTIES_MAX_BYTES - RECORD_CRC_SIZE} allowed"
+            )
+        props_raw += _RECORD_CRC_PLACEHOLDER
     born_v6 = len(msg.born_host[0]) == 16
     sys_flag = msg.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
     if born_v6:
@@ -222,7 +240,13 @@ def prepare(msg: Message, max_body_bytes: int, store_host_v6: bool) -> EncodedMe
         reconsume_times=msg.reconsume_times,
         prepared_transaction_offset=msg.prepared_transaction_offset,
         size=size,
+        record_crc=record_crc,
     )
+
+
+def _record_crc_digits(crc: int) -> bytes:
+    """RocketMQ's MessageDecoder.createCrc32: ten ASCII digits, least significant first."""
+    return str(crc)[::-1].ljust(10, "0").encode()
 
 
 def write_record(
@@ -234,14 +258,19 @@ def write_record(
     store_timestamp_ms: int,
     store_host: tuple[bytes, int],
 ) -> None:
-    """Write one prepared record at ``pos`` of a writable buffer (an mmap)."""
+    """Write one prepared record at ``pos`` of a writable buffer (an mmap).
+
+    TOTALSIZE and MAGICCODE go in last, in one 8-byte store: until then the position reads as
+    zeros (the end of the data), so a writer killed half-way never leaves a record that looks whole.
+    The body CRC alone would not catch a tail torn inside the topic or the properties.
+    """
     hdr = HEADERS[bool(m.sys_flag & SYSFLAG_BORNHOST_V6), bool(m.sys_flag & SYSFLAG_STOREHOST_V6)]
     born_ts = m.born_timestamp_ms or store_timestamp_ms
     hdr.pack_into(
         buf,
         pos,
-        m.size,
-        MAGIC_V1,
+        0,
+        0,
         m.crc,
         m.queue_id,
         m.flag,
@@ -262,6 +291,13 @@ def write_record(
     mid = start + len(m.body)
     buf[start:mid] = m.body
     buf[mid : mid + len(m.tail)] = m.tail
+    if m.record_crc:
+        head = BLANK.pack(m.size, MAGIC_V1)
+        end = pos + m.size
+        with memoryview(buf) as mv:
+            crc = zlib.crc32(mv[pos + BLANK_SIZE : end - RECORD_CRC_SIZE], zlib.crc32(head))
+        buf[end - 11 : end - 1] = _record_crc_digits(crc & 0x7FFFFFFF)
+    BLANK.pack_into(buf, pos, m.size, MAGIC_V1)
 
 
 def write_blank(buf: WBuf, pos: int, remaining: int) -> None:
@@ -275,9 +311,10 @@ def encode_record(
     store_timestamp_ms: int,
     store_host: tuple[bytes, int],
     max_body_bytes: int = 4 << 20,
+    record_crc: bool = False,
 ) -> bytes:
     """One whole record as bytes (tests, tools); the store writes straight into its mmap instead."""
-    m = prepare(msg, max_body_bytes, len(store_host[0]) == 16)
+    m = prepare(msg, max_body_bytes, len(store_host[0]) == 16, record_crc)
     buf = bytearray(m.size)
     write_record(buf, 0, m, queue_offset, phy_offset, store_timestamp_ms, store_host)
     return bytes(buf)
@@ -341,11 +378,18 @@ class RecordInfo:
 
 
 def check_record(
-    buf: Buf, pos: int, limit: int, verify_crc: bool, expect_phy_offset: int
+    buf: Buf,
+    pos: int,
+    limit: int,
+    verify_crc: bool,
+    expect_phy_offset: int,
+    require_record_crc: bool = False,
 ) -> tuple[int, RecordInfo | str | None]:
     """Check the record at ``pos`` of ``buf`` (readable up to ``limit``).
 
     Returns (OK, RecordInfo), (END_OF_FILE, None), (INCOMPLETE, reason) or (CORRUPT, reason).
+    With ``require_record_crc`` a record without the whole-record CRC property is corrupt: in a
+    store that writes it, its absence means the marker itself was damaged.
     Beyond RocketMQ's checks, PHYSICALOFFSET must equal ``expect_phy_offset``: a stale but
     well-formed record left behind a shorter new tail is then not mistaken for a live one.
     """
@@ -390,7 +434,18 @@ def check_record(
     if phy_offset != expect_phy_offset:
         return CORRUPT, f"PHYSICALOFFSET {phy_offset} where {expect_phy_offset} was expected"
     if verify_crc:
+        end = pos + size
         with memoryview(buf) as mv:
+            if props_len >= RECORD_CRC_SIZE and (
+                mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
+            ):
+                # The whole-record CRC covers every byte but its own 20, header included.
+                stored = bytes(mv[end - 11 : end - 1])
+                whole = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & 0x7FFFFFFF
+                if stored != _record_crc_digits(whole) or mv[end - 1] != 0x02:
+                    return CORRUPT, "record CRC mismatch"
+            elif require_record_crc:
+                return CORRUPT, "record CRC property missing"
             if body_crc(mv[body_at:topic_len_at]) != crc:
                 return CORRUPT, "body CRC mismatch"
     topic = bytes(buf[topic_at:props_len_at]).decode("utf-8", "replace")

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from storage.atomic_file import fsync_dir
 from storage.checkpoint import Checkpoint
 from storage.commitlog import CommitLog
+from storage.consume_queue import ENTRY_SIZE
 from storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
 from storage.errors import CorruptStoreError
 from storage.index_file import IndexService
@@ -83,7 +84,7 @@ def _valid_record_at(cl: CommitLog, offset: int) -> bool:
     f = cl.mfq.find_file(offset)
     if f is None:
         return False
-    status, _ = check_record(f.mm, offset - f.base_offset, f.size, True, offset)
+    status, _ = check_record(f.mm, offset - f.base_offset, f.size, True, offset, cl.record_crc)
     return status == OK
 
 
@@ -131,7 +132,7 @@ def recover(
     abnormal: bool,
     root_dir: str,
     truncate_on_corruption: bool,
-    manifest: dict[tuple[str, int], int],
+    manifest: dict[tuple[str, int], tuple[int, int]],
 ) -> RecoveryReport:
     t0 = time.monotonic()
     for queue in queues.all():
@@ -202,11 +203,17 @@ def recover(
         )
 
     redispatch_from = d
-    full = not queues.queues and end > lo
-    full = full or any(
-        (cq := queues.get(t, q)) is None or cq.max_offset < max_q
-        for (t, q), max_q in manifest.items()
-    )
+    # A queue shorter at either end than the manifest says lost files: rebuild it from scratch.
+    damaged = []
+    for key, (min_q, max_q) in manifest.items():
+        cq = queues.get(*key)
+        if cq is None or cq.mfq.min_offset // ENTRY_SIZE > min_q or cq.max_offset < max_q:
+            damaged.append(key)
+            if cq is not None:
+                log.warning("ConsumeQueue %s/%d lost files; rebuilding it", *key)
+                cq.mfq.destroy()
+                del queues.queues[key]
+    full = bool(damaged) or bool(queues.damaged) or (not queues.queues and end > lo)
     if full:
         redispatch_from = lo
     redispatched = _redispatch(cl, queues, index, dispatcher, redispatch_from, end)

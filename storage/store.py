@@ -22,6 +22,7 @@ from storage.atomic_file import fsync_dir, read_json_with_fallback, write_json_a
 from storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
 from storage.commitlog import AppendResult, CommitLog
 from storage.config import FlushMode, StoreConfig
+from storage.consume_queue import ConsumeQueue, is_blank
 from storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchListener
 from storage.errors import (
     ConfigError,
@@ -101,7 +102,7 @@ class MessageStore:
         self._disk_usage = disk_usage_ratio or self._measure_disk_usage
         self._clock = clock
         self.commitlog = CommitLog(
-            self.root, config.commitlog_file_size_bytes, config.store_host_packed
+            self.root, config.commitlog_file_size_bytes, config.store_host_packed, config.record_crc
         )
         self.queues = ConsumeQueueStore(self.root, config.consume_queue_entries_per_file)
         self.index: IndexService | None = (
@@ -178,6 +179,7 @@ class MessageStore:
             "consume_queue_entries_per_file": self.config.consume_queue_entries_per_file,
             "index_slot_num": self.config.index_slot_num,
             "index_max_num": self.config.index_max_num,
+            "record_crc": self.config.record_crc,
         }
         have = read_json_with_fallback(path)
         if have is None:
@@ -272,7 +274,7 @@ class MessageStore:
         for m in messages:
             if not 0 <= m.queue_id < (1 << 31):
                 raise InvalidQueueIdError(f"queue id {m.queue_id} out of range")
-        encoded = [prepare(m, cfg.max_message_body_bytes, v6) for m in messages]
+        encoded = [prepare(m, cfg.max_message_body_bytes, v6, cfg.record_crc) for m in messages]
         if not encoded:
             return PutResult([], _done(PutStatus.PUT_OK))
         with self._put_lock:
@@ -427,24 +429,24 @@ class MessageStore:
         )
         write_checkpoint(self.root, cp)
 
-    def _read_manifest(self) -> dict[tuple[str, int], int]:
+    def _read_manifest(self) -> dict[tuple[str, int], tuple[int, int]]:
         raw = read_json_with_fallback(os.path.join(self.root, MANIFEST_FILE)) or {}
-        out: dict[tuple[str, int], int] = {}
+        out: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, qs in raw.get("queues", {}).items():
-            for qid, max_q in qs.items():
-                out[topic, int(qid)] = int(max_q)
+            for qid, (min_q, max_q) in qs.items():
+                out[topic, int(qid)] = (int(min_q), int(max_q))
         self._manifest_keys = frozenset(out)
         return out
 
     def _write_manifest(self, *, force: bool = False) -> None:
-        """Record which queues exist (and how long they were) so recovery notices lost files.
-        Rewritten only when the set of queues changes, and at shutdown."""
+        """Record which queues exist and their offset range, so recovery notices lost files.
+        Rewritten when the set of queues changes, after retention, and at shutdown."""
         keys = frozenset(self.queues.queues)
         if not force and keys == self._manifest_keys and self._open:
             return
-        table: dict[str, dict[str, int]] = {}
+        table: dict[str, dict[str, list[int]]] = {}
         for (topic, qid), cq in self.queues.queues.items():
-            table.setdefault(topic, {})[str(qid)] = cq.max_offset
+            table.setdefault(topic, {})[str(qid)] = [cq.min_offset, cq.max_offset]
         os.makedirs(os.path.join(self.root, "consumequeue"), exist_ok=True)
         write_json_atomic(os.path.join(self.root, MANIFEST_FILE), {"queues": table})
         self._manifest_keys = keys
@@ -488,6 +490,7 @@ class MessageStore:
                 cq.delete_expired(cl_min)
             if self.index is not None:
                 self.index.delete_files_below(cl_min)
+        self._write_manifest(force=True)
         log.info("retention deleted %d CommitLog file(s); min offset now %d", n, cl_min)
         return n
 
@@ -498,7 +501,17 @@ class MessageStore:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)
-        return cq.max_offset if cq is not None else 0
+        return self._visible_max(cq, self.dispatcher.offset) if cq is not None else 0
+
+    @staticmethod
+    def _visible_max(cq: ConsumeQueue, readable: int) -> int:
+        """The queue's max offset, not counting an entry whose record dispatch has not published
+        yet (dispatch writes the entry first; for one queue at most one is in flight)."""
+        hi = cq.max_offset
+        last = cq.get(hi - 1) if hi > cq.min_offset else None
+        if last is not None and last[0] + last[1] > readable and not is_blank(last[0], last[1]):
+            return hi - 1
+        return hi
 
     def get_messages(
         self,
@@ -517,7 +530,8 @@ class MessageStore:
             if offset > 0:
                 raise OffsetBeyondMaxError(f"queue offset of {topic}/{queue_id}", offset, 0)
             return GetResult([], 0, 0, 0)
-        lo, hi = cq.min_offset, cq.max_offset
+        readable = self.dispatcher.offset
+        lo, hi = cq.min_offset, self._visible_max(cq, readable)
         if offset < lo:
             raise OffsetBelowMinError(f"queue offset of {topic}/{queue_id}", offset, lo)
         if offset > hi:
@@ -527,7 +541,6 @@ class MessageStore:
         out: list[StoredMessage] = []
         total = 0
         q = offset
-        readable = self.dispatcher.offset
         scan_budget = max(max_count * 16, 256)  # bound the work a selective filter can cause
         while q < hi and len(out) < max_count and scan_budget > 0:
             entries = cq.read(q, min(max_count * 4, scan_budget))
@@ -535,6 +548,9 @@ class MessageStore:
                 break
             for phy, size, code in entries:
                 scan_budget -= 1
+                if phy + size > readable:
+                    # Dispatch wrote the entry but has not published its offset yet.
+                    return GetResult(out, q, lo, hi)
                 if wanted is not None and code not in wanted:
                     q += 1
                     continue

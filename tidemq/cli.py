@@ -24,6 +24,7 @@ def _store_config(directory: str, **overrides: object) -> StoreConfig:
         "consume_queue_entries_per_file",
         "index_slot_num",
         "index_max_num",
+        "record_crc",
     )
     kwargs = {k: layout[k] for k in keys if k in layout}
     kwargs.update(overrides)

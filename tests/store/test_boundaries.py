@@ -14,7 +14,7 @@ from tests.store.conftest import StoreFactory, tiny_config
 pytestmark = pytest.mark.store
 
 FILE = 4096
-OVERHEAD = 91 + 1  # topic "t"
+OVERHEAD = 91 + 1 + 20  # topic "t", and the whole-record CRC property
 
 
 def body_for(record_size: int) -> bytes:
@@ -33,14 +33,16 @@ def test_record_leaving_exactly_8_bytes_fits_then_a_blank_ends_the_file(
     assert struct.unpack_from(">iI", raw, FILE - 8) == (8, BLANK_MAGIC)
 
 
-def test_record_one_byte_too_big_for_the_rest_rolls(open_store: StoreFactory, tmp_path: Path) -> None:
+def test_record_one_byte_too_big_for_the_rest_rolls(
+    open_store: StoreFactory, tmp_path: Path
+) -> None:
     s = open_store()
-    s.put_messages([Message("t", body_for(100))])
-    r = s.put_messages([Message("t", body_for(FILE - 100 - 7))]).results[0]
+    s.put_messages([Message("t", body_for(150))])
+    r = s.put_messages([Message("t", body_for(FILE - 150 - 7))]).results[0]
     assert r.phy_offset == FILE
     raw = (tmp_path / "store" / "commitlog" / f"{0:020d}").read_bytes()
-    assert struct.unpack_from(">iI", raw, 100) == (FILE - 100, BLANK_MAGIC)
-    assert raw[108:] == bytes(FILE - 108)  # only the 8-byte marker is written
+    assert struct.unpack_from(">iI", raw, 150) == (FILE - 150, BLANK_MAGIC)
+    assert raw[158:] == bytes(FILE - 158)  # only the 8-byte marker is written
 
 
 def test_record_larger_than_a_file_is_refused(open_store: StoreFactory) -> None:
@@ -68,8 +70,9 @@ def test_many_rolls_keep_every_message(open_store: StoreFactory, tmp_path: Path)
 
 def test_raw_append_accepts_any_split_and_exposes_only_whole_records(tmp_path: Path) -> None:
     with MessageStore(tiny_config(tmp_path / "master")) as master:
-        master.put_messages([Message("t", os.urandom(300), queue_id=i % 2, keys=[f"k{i}"])
-                             for i in range(40)])
+        master.put_messages(
+            [Message("t", os.urandom(300), queue_id=i % 2, keys=[f"k{i}"]) for i in range(40)]
+        )
         end = master.commitlog.max_offset
         log = b"".join(master.read_raw(o, FILE) for o in range(0, end, FILE))
     with MessageStore(tiny_config(tmp_path / "slave")) as slave:
@@ -90,7 +93,9 @@ def test_raw_append_accepts_any_split_and_exposes_only_whole_records(tmp_path: P
         slave.append_raw(pos, log[pos:])
         slave.wait_dispatched(end, 10)
         assert slave.max_offset("t", 0) == 20 and slave.max_offset("t", 1) == 20
-        assert [m.queue_offset for m in slave.get_messages("t", 1, 0, 100).messages] == list(range(20))
+        assert [m.queue_offset for m in slave.get_messages("t", 1, 0, 100).messages] == list(
+            range(20)
+        )
         assert slave.query_by_key("t", "k33")[0].phy_offset == master_offset_of(log, 33)
         # Now aligned: a local append continues the replica's log and its queue offsets.
         r = slave.put_messages([Message("t", b"local", queue_id=0)]).results[0]
@@ -119,14 +124,16 @@ def master_offset_of(log: bytes, n: int) -> int:
 
 
 def test_corrupt_replicated_record_is_never_dispatched(tmp_path: Path) -> None:
-    good = encode_record(Message("t", b"good"), 0, 0, 1, (bytes([127, 0, 0, 1]), 10911))
-    bad = bytearray(encode_record(Message("t", b"evil"), 1, len(good), 1, (bytes([127, 0, 0, 1]), 10911)))
+    host = (bytes([127, 0, 0, 1]), 10911)
+    good = encode_record(Message("t", b"good"), 0, 0, 1, host, record_crc=True)
+    bad = bytearray(encode_record(Message("t", b"evil"), 1, len(good), 1, host, record_crc=True))
     bad[90] ^= 0xFF
     with MessageStore(tiny_config(tmp_path / "s")) as s:
         s.append_raw(0, good + bytes(bad))
         s.dispatch_now()
         assert s.dispatcher.offset == len(good)
-        assert s.dispatcher.error is not None and "CRC" in s.dispatcher.error.reason
+        assert s.dispatcher.error is not None
+        assert "CRC" in s.dispatcher.error.reason
         assert s.max_offset("t", 0) == 1
         # The replication layer truncates the bad tail; the bytes are kept as evidence.
         assert s.truncate_to(len(good), "diverged") == len(bad)

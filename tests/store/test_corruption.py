@@ -122,7 +122,7 @@ def reopen_and_check(
         assert r is not None
         assert r.abnormal is abnormal
         if exp.end is not None:
-            assert r.end_offset == exp.end
+            assert r.end_offset == exp.end, f"the log must end at {exp.end} now: {r}"
             assert s.commitlog.max_offset == exp.end
         verify_exactly(s, exp.survivors)
         if exp.check is not None:
@@ -196,13 +196,26 @@ def assert_gone(s: MessageStore, a: Ack) -> None:
 
 # ----------------------------------------------------------------------------- torn last record
 @pytest.mark.parametrize("shutdown", ["clean", "kill"])
-@pytest.mark.parametrize("style", ["second-half-zeroed", "header-only"])
+@pytest.mark.parametrize(
+    "style",
+    [
+        "second-half-zeroed",
+        "header-only",
+        # Header, body and topic made it, the end of the properties did not: BODYCRC covers the
+        # body only, so only the record's structure can tell (fails today, see the report).
+        "properties-tail-zeroed",
+    ],
+)
 def test_torn_last_record_is_cut_and_kept_as_evidence(
     tmp_path: Path, shutdown: str, style: str
 ) -> None:
     def corrupt(root: Path, acks: list[Ack]) -> Expect:
         last = max(acks, key=lambda a: a.phy_offset)
-        keep = last.size // 2 if style == "second-half-zeroed" else BODY_AT
+        keep = {
+            "second-half-zeroed": last.size // 2,
+            "header-only": BODY_AT,
+            "properties-tail-zeroed": last.size - 3,
+        }[style]
         zero_log(root, last.phy_offset + keep, last.size - keep)
         torn = read_log(root, last.phy_offset, last.size).rstrip(b"\0")
         assert torn

@@ -34,8 +34,14 @@ class CountingFlush:
 
 def service(fn: CountingFlush, timeout_ms: int = 5000) -> FlushService:
     return FlushService(
-        fn, sync=True, interval_ms=50, least_pages=0, thorough_interval_ms=1000,
-        sync_timeout_ms=timeout_ms, on_flushed=lambda _o: None, on_error=lambda _e: None,
+        fn,
+        sync=True,
+        interval_ms=50,
+        least_pages=0,
+        thorough_interval_ms=1000,
+        sync_timeout_ms=timeout_ms,
+        on_flushed=lambda _o: None,
+        on_error=lambda _e: None,
     )
 
 
@@ -82,17 +88,23 @@ def test_flush_failure_fails_waiters_and_the_store_stops_writing(tmp_path: Path)
         raise OSError(5, "Input/output error")
 
     svc = FlushService(
-        broken, sync=True, interval_ms=50, least_pages=0, thorough_interval_ms=1000,
-        sync_timeout_ms=5000, on_flushed=lambda _o: None, on_error=errors.append,
+        broken,
+        sync=True,
+        interval_ms=50,
+        least_pages=0,
+        thorough_interval_ms=1000,
+        sync_timeout_ms=5000,
+        on_flushed=lambda _o: None,
+        on_error=errors.append,
     )
     svc.start()
     fut = svc.submit(1)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Input/output error"):
         fut.result(timeout=5)
     svc.stop()
     assert errors and isinstance(errors[0], OSError)
     later = svc.submit(2)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Input/output error"):
         later.result(timeout=1)
 
 
@@ -132,10 +144,14 @@ def test_sync_flush_readers_see_only_flushed_records(tmp_path: Path) -> None:
 
 
 def test_async_flush_answers_at_once_and_flushes_in_the_background(tmp_path: Path) -> None:
-    cfg = tiny_config(tmp_path / "s", commitlog_file_size_bytes=1 << 20, flush_interval_ms=20,
-                      flush_least_pages=0)
+    cfg = tiny_config(
+        tmp_path / "s", commitlog_file_size_bytes=1 << 20, flush_interval_ms=20, flush_least_pages=0
+    )
     with MessageStore(cfg) as s:
         r = s.put_messages([Message("t", b"z" * 10_000)])
         assert r.durable.done() and r.wait() is PutStatus.PUT_OK
-        wait_until(lambda: s.commitlog.mfq.flushed_offset >= s.commitlog.max_offset, 10,
-                   "the async flusher to flush")
+        wait_until(
+            lambda: s.commitlog.mfq.flushed_offset >= s.commitlog.max_offset,
+            10,
+            "the async flusher to flush",
+        )

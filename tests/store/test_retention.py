@@ -29,8 +29,9 @@ def age_files(root: Path, seconds: float) -> None:
 
 def test_expired_files_go_at_the_delete_hour_queues_and_index_follow(tmp_path: Path) -> None:
     usage = [0.10]
-    cfg = tiny_config(tmp_path / "s", delete_when_hours=(time.localtime().tm_hour,),
-                      delete_file_batch_max=3)
+    cfg = tiny_config(
+        tmp_path / "s", delete_when_hours=(time.localtime().tm_hour,), delete_file_batch_max=3
+    )
     with MessageStore(cfg, disk_usage_ratio=lambda: usage[0]) as s:
         fill(s, 100)
         files_before = len(s.commitlog.mfq.files)

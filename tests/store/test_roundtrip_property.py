@@ -2,7 +2,6 @@
 message reads back exactly, through its queue, its key and its id, and `store check` passes."""
 
 import shutil
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -38,13 +37,21 @@ def simulate_kill(store: MessageStore) -> None:
     store._lock.release()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(file_size=st.sampled_from([1024, 1500, 4096]), steps=st.lists(step, min_size=1, max_size=12))
-def test_round_trip(tmp_path_factory: pytest.TempPathFactory, file_size: int,
-                    steps: list[tuple[str, object]]) -> None:
+def test_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, file_size: int, steps: list[tuple[str, object]]
+) -> None:
     root = tmp_path_factory.mktemp("rt")
-    cfg = StoreConfig(str(root / "s"), commitlog_file_size_bytes=file_size,
-                      consume_queue_entries_per_file=8, index_slot_num=4, index_max_num=16)
+    cfg = StoreConfig(
+        str(root / "s"),
+        commitlog_file_size_bytes=file_size,
+        consume_queue_entries_per_file=8,
+        index_slot_num=4,
+        index_max_num=16,
+    )
     expected: dict[int, list[tuple[bytes, str | None, str, str]]] = {0: [], 1: [], 2: []}
     s = MessageStore(cfg).open()
     n = 0

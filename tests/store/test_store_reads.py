@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from storage import Message, PutStatus
+from storage import AppendResult, Message, MessageStore, PutStatus
 from storage.errors import (
     InvalidQueueIdError,
     InvalidTopicError,
@@ -16,16 +16,21 @@ from tests.store.conftest import StoreFactory
 pytestmark = pytest.mark.store
 
 
-def fill(store, n: int, queues: int = 2) -> list:  # type: ignore[no-untyped-def]
+def fill(store: MessageStore, n: int, queues: int = 2) -> list[AppendResult]:
     r = store.put_messages(
         [
-            Message("orders", f"body-{i}".encode(), queue_id=i % queues,
-                    tags="even" if i % 2 == 0 else "odd", keys=[f"order-{i}"])
+            Message(
+                "orders",
+                f"body-{i}".encode(),
+                queue_id=i % queues,
+                tags="even" if i % 2 == 0 else "odd",
+                keys=[f"order-{i}"],
+            )
             for i in range(n)
         ]
     )
     assert r.wait() is PutStatus.PUT_OK
-    store.wait_dispatched(store.commitlog.max_offset, 10)
+    assert store.wait_dispatched(store.commitlog.max_offset, 10)
     return r.results
 
 

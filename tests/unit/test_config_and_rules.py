@@ -51,7 +51,9 @@ def test_parse_host_v4_and_v6() -> None:
         (0.91, 3, True, True, True),  # above 90 %: refuse writes too
     ],
 )
-def test_retention_decision_table(usage: float, hour: int, delete: bool, force: bool, full: bool) -> None:
+def test_retention_decision_table(
+    usage: float, hour: int, delete: bool, force: bool, full: bool
+) -> None:
     d = decide(StoreConfig("/tmp/x"), usage, hour)
     assert (d.delete, d.force, d.disk_full) == (delete, force, full)
 

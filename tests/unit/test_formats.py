@@ -16,7 +16,7 @@ def test_consume_queue_entry_is_20_bytes_offset_size_tag() -> None:
     assert ENTRY.pack(0x0102030405060708, 1147, -5) == (
         bytes.fromhex("0102030405060708") + struct.pack(">i", 1147) + struct.pack(">q", -5)
     )
-    assert BLANK_ENTRY == bytes(8) + bytes.fromhex("7FFFFFFF") + bytes(8)
+    assert bytes(8) + bytes.fromhex("7FFFFFFF") + bytes(8) == BLANK_ENTRY
 
 
 def test_checkpoint_layout_and_round_trip(tmp_path: Path) -> None:

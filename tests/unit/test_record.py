@@ -59,20 +59,25 @@ def test_golden_bytes_of_every_field() -> None:
         born_host=(bytes([10, 0, 0, 2]), 5555),
         reconsume_times=2,
     )
-    rec = encode_record(msg, queue_offset=42, phy_offset=4096, store_timestamp_ms=1_700_000_000_123,
-                        store_host=HOST)
+    rec = encode_record(
+        msg, queue_offset=42, phy_offset=4096, store_timestamp_ms=1_700_000_000_123, store_host=HOST
+    )
     props = b"TAGS\x01TAG1\x02"
     crc = zlib.crc32(BODY) & 0x7FFFFFFF
     expected = (
         struct.pack(">i", 129 + len(props))
         + bytes.fromhex("DAA320A7")
         + struct.pack(">iiiqqiq", crc, 3, 7, 42, 4096, 0, 1_700_000_000_000)
-        + bytes([10, 0, 0, 2]) + struct.pack(">i", 5555)
+        + bytes([10, 0, 0, 2])
+        + struct.pack(">i", 5555)
         + struct.pack(">q", 1_700_000_000_123)
-        + bytes([127, 0, 0, 1]) + struct.pack(">i", 10911)
-        + struct.pack(">iqi", 2, 0, 32) + BODY
+        + bytes([127, 0, 0, 1])
+        + struct.pack(">i", 10911)
+        + struct.pack(">iqi", 2, 0, 32)
+        + BODY
         + b"\x06FooBar"
-        + struct.pack(">h", len(props)) + props
+        + struct.pack(">h", len(props))
+        + props
     )
     assert rec == expected
 
@@ -88,8 +93,14 @@ def test_ipv6_hosts_add_12_bytes_each_and_set_sysflags() -> None:
 
 
 def test_decode_round_trip() -> None:
-    msg = Message("orders", b"payload", queue_id=1, tags="created", keys=["a", "b"],
-                  properties={"UNIQ_KEY": "U1", "custom": "v"})
+    msg = Message(
+        "orders",
+        b"payload",
+        queue_id=1,
+        tags="created",
+        keys=["a", "b"],
+        properties={"UNIQ_KEY": "U1", "custom": "v"},
+    )
     rec = encode_record(msg, 5, 777, 99, HOST)
     m = decode_record(rec)
     assert (m.topic, m.queue_id, m.queue_offset, m.phy_offset) == ("orders", 1, 5, 777)
@@ -134,8 +145,17 @@ def test_msg_id_is_host_port_offset_in_uppercase_hex() -> None:
 
 @pytest.mark.parametrize(
     ("topic", "ok"),
-    [("orders", True), ("%RETRY%g", True), ("a|b-c_d", True), ("x" * 127, True),
-     ("x" * 128, False), ("", False), ("bad topic", False), ("tópico", False), ("a/b", False)],
+    [
+        ("orders", True),
+        ("%RETRY%g", True),
+        ("a|b-c_d", True),
+        ("x" * 127, True),
+        ("x" * 128, False),
+        ("", False),
+        ("bad topic", False),
+        ("tópico", False),
+        ("a/b", False),
+    ],
 )
 def test_topic_rules(topic: str, ok: bool) -> None:
     if ok:
@@ -155,3 +175,26 @@ def test_limits() -> None:
         prepare(Message("t", b"", properties={"p": "a\x01b"}), 10, False)
     with pytest.raises(InvalidPropertyError):
         prepare(Message("t", b"", keys=["has space"]), 10, False)
+
+
+def test_whole_record_crc_property_layout() -> None:
+    rec = encode_record(Message("FooBar", BODY), 0, 0, 1, HOST, record_crc=True)
+    assert len(rec) == 129 + 20
+    tail = rec[-20:]
+    assert tail[:9] == b"__CRC32#\x01" and tail[-1:] == b"\x02"
+    crc = zlib.crc32(rec[:-20]) & 0x7FFFFFFF
+    assert tail[9:19] == str(crc)[::-1].ljust(10, "0").encode()  # least significant digit first
+    assert struct.unpack_from(">h", rec, len(rec) - 22)[0] == 20  # it is a property like others
+    assert "__CRC32#" not in decode_record(rec).properties
+
+
+def test_record_crc_catches_damage_in_any_byte_the_body_crc_misses() -> None:
+    rec = encode_record(Message("FooBar", BODY, tags="TAG1"), 0, 0, 1, HOST, record_crc=True)
+    for at in range(8, len(rec)):
+        damaged = bytearray(rec)
+        damaged[at] ^= 0x20
+        status, _ = check_record(damaged, 0, len(damaged), True, 0, require_record_crc=True)
+        assert status != OK, f"a flipped byte at {at} went unnoticed"
+    plain = bytearray(encode_record(Message("FooBar", BODY, tags="TAG1"), 0, 0, 1, HOST))
+    plain[-3] ^= 0x20  # inside the TAGS value: outside the body CRC
+    assert check_record(plain, 0, len(plain), True, 0)[0] == OK
