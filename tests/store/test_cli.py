@@ -12,7 +12,11 @@ pytestmark = pytest.mark.store
 
 def tidemq(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tidemq.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tidemq.cli", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
