@@ -142,13 +142,16 @@ class Dispatcher:
                 if at >= cl.trusted_end:
                     cl.trusted_end = self.offset
             else:
-                if status == CORRUPT:
+                if status == CORRUPT and (self.error is None or self.error.offset != at):
                     self.error = CorruptRecordError(at, str(info))
+                    log.error("dispatch stopped before a corrupt record: %s", self.error)
                 break
-        if touched:
-            for (topic, qid), max_q in touched.items():
-                for listener in self.listeners:
+        for (topic, qid), max_q in touched.items():
+            for listener in self.listeners:
+                try:
                     listener(topic, qid, max_q)
+                except Exception:  # a listener's bug must not stop dispatch for everyone
+                    log.exception("dispatch listener %r failed", listener)
         return count
 
     def _apply(

@@ -370,8 +370,13 @@ class MessageStore:
                 with self._dispatch_lock:
                     self._dispatch_step()
             except StoreError as e:
-                log.exception("dispatch stopped")
+                if self.dispatcher.error is None:
+                    log.exception("dispatch stopped")
                 self.dispatcher.error = CorruptRecordError(self.dispatcher.offset, str(e))
+            except Exception as e:  # a broken dispatcher must stop writes, loudly
+                log.exception("dispatch failed; the store stops accepting writes")
+                self._fatal = e
+                self.dispatcher.error = CorruptRecordError(self.dispatcher.offset, repr(e))
 
     def dispatch_now(self) -> int:
         """Dispatch whatever is ready, in the caller's thread (tools, tests, benchmarks)."""

@@ -127,6 +127,8 @@ def test_store_sync_flush_with_64_concurrent_writers(tmp_path: Path) -> None:
             t.join()
         assert results == [PutStatus.PUT_OK] * 640
         assert s.commitlog.mfq.flushed_offset == s.commitlog.max_offset
+        # Visible to consumers once dispatched, which follows the flush.
+        assert s.wait_dispatched(s.commitlog.max_offset, 10)
         assert sum(s.max_offset("t", q) for q in range(4)) == 640
 
 
