@@ -65,6 +65,7 @@ TRANSACTION_ROLLBACK: Final = 0xC
 TOPIC_MAX_BYTES: Final = 127
 PROPERTIES_MAX_BYTES: Final = 32_767
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_TOPIC_BYTES_RE = re.compile(rb"^[%|a-zA-Z0-9_-]+$")
 
 Buf = bytes | bytearray | memoryview | mmap.mmap
 WBuf = bytearray | memoryview | mmap.mmap
@@ -433,6 +434,12 @@ def check_record(
         return CORRUPT, "record length does not match its fields"
     if phy_offset != expect_phy_offset:
         return CORRUPT, f"PHYSICALOFFSET {phy_offset} where {expect_phy_offset} was expected"
+    # Cheap shape checks that catch a torn topic or properties even without the record CRC.
+    if props_len and buf[props_at + props_len - 1] != 0x02:
+        return CORRUPT, "properties do not end with a separator"
+    topic_raw = bytes(buf[topic_at:props_len_at])
+    if not topic_raw or not _TOPIC_BYTES_RE.match(topic_raw):
+        return CORRUPT, "topic is empty or holds bytes no topic may hold"
     if verify_crc:
         end = pos + size
         with memoryview(buf) as mv:
@@ -448,7 +455,7 @@ def check_record(
                 return CORRUPT, "record CRC property missing"
             if body_crc(mv[body_at:topic_len_at]) != crc:
                 return CORRUPT, "body CRC mismatch"
-    topic = bytes(buf[topic_at:props_len_at]).decode("utf-8", "replace")
+    topic = topic_raw.decode("ascii")
     tags = keys = uniq = None
     if props_len:
         props = bytes(buf[props_at : props_at + props_len])

@@ -133,8 +133,11 @@ def recover(
     root_dir: str,
     truncate_on_corruption: bool,
     manifest: dict[tuple[str, int], tuple[int, int]],
+    index_end_expected: int = -1,
 ) -> RecoveryReport:
     t0 = time.monotonic()
+    # Index files lost since they were recorded: only a whole re-dispatch brings their keys back.
+    index_lost = index is not None and index.end_phy_offset < index_end_expected
     for queue in queues.all():
         queue.recover()
     files = cl.mfq.files
@@ -213,7 +216,9 @@ def recover(
                 log.warning("ConsumeQueue %s/%d lost files; rebuilding it", *key)
                 cq.mfq.destroy()
                 del queues.queues[key]
-    full = bool(damaged) or bool(queues.damaged) or (not queues.queues and end > lo)
+    if index_lost:
+        log.warning("the index lost files; rebuilding it from the whole CommitLog")
+    full = bool(damaged) or bool(queues.damaged) or index_lost or (not queues.queues and end > lo)
     if full:
         redispatch_from = lo
     redispatched = _redispatch(cl, queues, index, dispatcher, redispatch_from, end)

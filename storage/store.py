@@ -126,6 +126,7 @@ class MessageStore:
         self._fatal: BaseException | None = None
         self._open = False
         self._manifest_keys: frozenset[tuple[str, int]] = frozenset()
+        self._manifest_index_files = -1
         self.recovery: RecoveryReport | None = None
 
     # ================================================================= lifecycle
@@ -140,6 +141,7 @@ class MessageStore:
             self.queues.load()
             if self.index is not None:
                 self.index.load()
+            manifest, index_end = self._read_manifest()
             self.recovery = recover(
                 self.commitlog,
                 self.queues,
@@ -149,7 +151,8 @@ class MessageStore:
                 abnormal=abnormal,
                 root_dir=self.root,
                 truncate_on_corruption=self.config.truncate_on_corruption,
-                manifest=self._read_manifest(),
+                manifest=manifest,
+                index_end_expected=index_end,
             )
             log.info("store %s recovered: %s", self.root, self.recovery)
             self._write_checkpoint()
@@ -434,27 +437,40 @@ class MessageStore:
         )
         write_checkpoint(self.root, cp)
 
-    def _read_manifest(self) -> dict[tuple[str, int], tuple[int, int]]:
+    def _read_manifest(self) -> tuple[dict[tuple[str, int], tuple[int, int]], int]:
+        """Queues with their (min, max) offsets, and the index's end offset, as last recorded."""
         raw = read_json_with_fallback(os.path.join(self.root, MANIFEST_FILE)) or {}
         out: dict[tuple[str, int], tuple[int, int]] = {}
         for topic, qs in raw.get("queues", {}).items():
             for qid, (min_q, max_q) in qs.items():
                 out[topic, int(qid)] = (int(min_q), int(max_q))
         self._manifest_keys = frozenset(out)
-        return out
+        return out, int(raw.get("index_end_phy_offset", -1))
 
     def _write_manifest(self, *, force: bool = False) -> None:
-        """Record which queues exist and their offset range, so recovery notices lost files.
-        Rewritten when the set of queues changes, after retention, and at shutdown."""
+        """Record which queues exist with their offset range, and how far the index reaches, so
+        recovery notices lost files. Rewritten when the set of queues or of index files changes,
+        after retention and truncation, and at shutdown."""
         keys = frozenset(self.queues.queues)
-        if not force and keys == self._manifest_keys and self._open:
+        index_files = len(self.index.files) if self.index is not None else 0
+        if (
+            not force
+            and self._open
+            and keys == self._manifest_keys
+            and index_files == self._manifest_index_files
+        ):
             return
         table: dict[str, dict[str, list[int]]] = {}
         for (topic, qid), cq in self.queues.queues.items():
             table.setdefault(topic, {})[str(qid)] = [cq.min_offset, cq.max_offset]
         os.makedirs(os.path.join(self.root, "consumequeue"), exist_ok=True)
-        write_json_atomic(os.path.join(self.root, MANIFEST_FILE), {"queues": table})
+        index_end = self.index.end_phy_offset if self.index is not None else -1
+        write_json_atomic(
+            os.path.join(self.root, MANIFEST_FILE),
+            {"queues": table, "index_end_phy_offset": index_end},
+        )
         self._manifest_keys = keys
+        self._manifest_index_files = index_files
 
     # ================================================================= retention
     def _measure_disk_usage(self) -> float:

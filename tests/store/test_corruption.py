@@ -202,7 +202,7 @@ def assert_gone(s: MessageStore, a: Ack) -> None:
         "second-half-zeroed",
         "header-only",
         # Header, body and topic made it, the end of the properties did not: BODYCRC covers the
-        # body only, so only the record's structure can tell (fails today, see the report).
+        # body only, so only the whole-record CRC (config.record_crc) can tell.
         "properties-tail-zeroed",
     ],
 )
@@ -407,9 +407,9 @@ def test_bit_flip_in_a_middle_file(tmp_path: Path, where: str) -> None:
         ("kill", "queue-dir"),
         ("kill", "consumequeue-dir"),
         # Beyond the last file: recovery's promise ("if a ConsumeQueue turns out to miss entries
-        # (files deleted), the whole log is re-dispatched") covers any lost file. Today a lost
-        # first file passes for retention (OffsetBelowMinError, and check_store says ok) and a
-        # lost middle one makes open fail: both fail here, see the report.
+        # (files deleted), the whole log is re-dispatched") covers any lost file. A lost first
+        # file must not pass for retention (OffsetBelowMinError while the CommitLog still holds
+        # the messages), nor a lost middle one make the store refuse to open.
         ("clean", "first-queue-file"),
         ("clean", "middle-queue-file"),
     ],
@@ -477,21 +477,19 @@ def test_missing_index_is_rebuilt_by_a_full_scan(tmp_path: Path) -> None:
     repair_case(tmp_path, "clean", corrupt, seed=18)
 
 
-def test_missing_index_after_clean_shutdown_is_not_rebuilt(tmp_path: Path) -> None:
-    """FINDING, asserted as the store behaves today: recovery notices lost ConsumeQueue files
-    (manifest) but not a lost index. With a checkpoint it re-dispatches only from the recovery
-    offset, so messages stored before it can no longer be found by key (offsets, ids and queues
-    still work), and nothing reports it: neither RecoveryReport nor ``tidemq store check``."""
+def test_missing_index_after_clean_shutdown_is_rebuilt(tmp_path: Path) -> None:
+    """The manifest records how far the index reached; a shorter index after a restart (files
+    lost) makes recovery re-dispatch the whole CommitLog, so every key is found again."""
     root = tmp_path / "store"
     acks = build(root, "clean", seed=19)
     shutil.rmtree(root / "index")
     s = start_store(store_config(root))
     try:
         assert s.recovery is not None
-        assert not s.recovery.full_redispatch
+        assert s.recovery.full_redispatch
         for a in acks:
             assert s.look_message(a.phy_offset).keys == list(a.keys)
-            assert s.query_by_key(a.topic, a.key) == []  # lost for good
+            assert [m.phy_offset for m in s.query_by_key(a.topic, a.key)] == [a.phy_offset]
         new = put_batches(s, random.Random(20), "after", 10)
         for a in new:
             assert [m.phy_offset for m in s.query_by_key(a.topic, a.key)] == [a.phy_offset]

@@ -191,7 +191,7 @@ def test_acknowledged_messages_survive_repeated_sigkill(
         model.acks += crash.acks
         modes.append(crash.mode)
         # The whole acknowledged history, not just this writer's, is past any cut.
-        crash.acks = model.acks
+        crash.acks = list(model.acks)
 
         if cycle < cycles - 1 and rng.random() < 0.25:
             # Crash on crash: the next writer recovers this one's mess itself and carries on;
