@@ -118,18 +118,30 @@ class Dispatcher:
         self.offset = commitlog.min_offset
         self.last_store_timestamp_ms = 0
         self.error: CorruptRecordError | None = None
+        self.stopped_at: tuple[int, int, str] | None = None
         self.listeners: list[DispatchListener] = []
 
-    def dispatch(self, end: int, *, allow_prefill: bool = True) -> int:
-        """Dispatch every whole record in [offset, end); returns how many were dispatched.
+    def dispatch(
+        self,
+        end: int,
+        *,
+        allow_prefill: bool = True,
+        max_records: int | None = None,
+        verify_from: int | None = None,
+    ) -> int:
+        """Dispatch whole records in [offset, end), at most ``max_records``; returns how many.
 
         Stops before an incomplete record (more bytes may come) and at a corrupt one, which is
-        kept in ``error`` so the owner can refuse to go further.
+        kept in ``error`` so the owner can refuse to go further; ``stopped_at`` says where and
+        why it last stopped short of ``end``. CRCs are checked from ``verify_from`` (default:
+        the CommitLog's trusted end).
         """
         cl = self.commitlog
         touched: dict[tuple[str, int], int] = {}
         count = 0
-        for at, status, info in cl.iter_records(self.offset, end, cl.trusted_end):
+        self.stopped_at = None
+        verify = cl.trusted_end if verify_from is None else verify_from
+        for at, status, info in cl.iter_records(self.offset, end, verify):
             if status == OK:
                 assert isinstance(info, RecordInfo)
                 self._apply(info, allow_prefill, touched)
@@ -137,11 +149,14 @@ class Dispatcher:
                 if at >= cl.trusted_end:
                     cl.trusted_end = self.offset
                 count += 1
+                if max_records is not None and count >= max_records:
+                    break
             elif status == END_OF_FILE:
                 self.offset = at - at % cl.file_size + cl.file_size
                 if at >= cl.trusted_end:
                     cl.trusted_end = self.offset
             else:
+                self.stopped_at = (at, status, str(info))
                 if status == CORRUPT and (self.error is None or self.error.offset != at):
                     self.error = CorruptRecordError(at, str(info))
                     log.error("dispatch stopped before a corrupt record: %s", self.error)

@@ -86,19 +86,22 @@ class MappedFile:
         return (self.wrote - self.flushed) // PAGE_SIZE
 
     def tail_bytes(self, pos: int, data_end: int | None = None) -> bytes:
-        """The bytes in [pos, end of data): exactly up to ``data_end`` when given; otherwise
-        (recovery, where a crashed writer left an unknown tail) up to the last non-zero byte,
-        since files start zeroed and truncation always zeroes."""
+        """The bytes in [pos, end of data): exactly up to ``data_end`` when given.
+
+        Otherwise (recovery, where a crashed writer left a tail of unknown length) data runs
+        until the first wholly zero megabyte: files start zeroed, truncation always zeroes, and
+        what a crash leaves is contiguous. Reading forward keeps the common case, a clean end
+        followed by the unused rest of a large file, to one megabyte instead of the whole rest.
+        """
         if data_end is not None:
             return bytes(self.mm[pos:data_end])
-        end = self.size
         chunk = len(_ZERO_CHUNK)
-        # Find the end of non-zero data from the back, a megabyte at a time.
-        while end > pos:
-            start = max(pos, end - chunk)
-            if self.mm[start:end] != _ZERO_CHUNK[: end - start]:
+        end = pos
+        while end < self.size:
+            nxt = min(self.size, end + chunk)
+            if self.mm[end:nxt] == _ZERO_CHUNK[: nxt - end]:
                 break
-            end = start
+            end = nxt
         if end <= pos:
             return b""
         return bytes(self.mm[pos:end]).rstrip(b"\x00")

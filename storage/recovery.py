@@ -88,7 +88,7 @@ def _valid_record_at(cl: CommitLog, offset: int) -> bool:
     return status == OK
 
 
-def _is_mid_log(cl: CommitLog, at: int, info: object) -> bool:
+def _is_mid_log(cl: CommitLog, at: int) -> bool:
     """Whether valid data follows the bad record at ``at`` (corruption, not a torn tail)."""
     f = cl.mfq.find_file(at)
     assert f is not None
@@ -99,14 +99,17 @@ def _is_mid_log(cl: CommitLog, at: int, info: object) -> bool:
     return any(_valid_record_at(cl, g.base_offset) for g in cl.mfq.files if g.base_offset > at)
 
 
-def scan_commitlog(cl: CommitLog, start: int) -> tuple[int, int, int | None, str | None]:
+def scan_commitlog(
+    cl: CommitLog, start: int, stop: int | None = None
+) -> tuple[int, int, int | None, str | None]:
     """CRC-check records from ``start``.
 
     Returns (end of valid data, records checked, offset of mid-log corruption or None, why the
     walk stopped)."""
     end = start
     count = 0
-    for at, status, info in cl.iter_records(start, cl.mfq.files[-1].end_offset, start):
+    limit = cl.mfq.files[-1].end_offset if stop is None else stop
+    for at, status, info in cl.iter_records(start, limit, start):
         if status == OK:
             assert isinstance(info, RecordInfo)
             end = at + info.size
@@ -116,7 +119,7 @@ def scan_commitlog(cl: CommitLog, start: int) -> tuple[int, int, int | None, str
         else:
             # Zeros are where the data ends; anything else is a torn record. Either way it is
             # only a tail if nothing valid follows.
-            if _is_mid_log(cl, at, info):
+            if _is_mid_log(cl, at):
                 return end, count, at, str(info)
             return end, count, None, str(info)
     return end, count, None, None
@@ -149,24 +152,29 @@ def recover(
         if index is not None:
             index.trim_to(0)
         return RecoveryReport(
-            abnormal,
-            checkpoint is not None,
-            0,
-            0,
-            0,
-            0,
-            0,
-            False,
-            0,
-            None,
-            [],
-            time.monotonic() - t0,
+            abnormal=abnormal,
+            checkpoint_found=checkpoint is not None,
+            scan_from=0,
+            redispatch_from=0,
+            end_offset=0,
+            records_scanned=0,
+            records_redispatched=0,
+            full_redispatch=False,
+            cut_bytes=0,
+            cut_reason=None,
+            evidence_files=[],
+            seconds=time.monotonic() - t0,
         )
 
     lo, hi = files[0].base_offset, files[-1].end_offset
     d = checkpoint.recovery_offset if checkpoint is not None else lo
     if not lo <= d <= hi:
         log.warning("checkpoint recovery offset %d outside the log [%d, %d]; full scan", d, lo, hi)
+        d = lo
+    full = _drop_damaged_queues(queues, manifest) or index_lost or not queues.queues
+    if index_lost:
+        log.warning("the index lost files; rebuilding it from the whole CommitLog")
+    if full:
         d = lo
     if checkpoint is None or d == lo:
         scan_from = lo
@@ -176,26 +184,41 @@ def recover(
         # A clean shutdown: still re-validate the newest file, the one being written.
         holder = cl.mfq.find_file(d) or files[-1]
         scan_from = holder.base_offset
-    end, scanned, bad_at, reason = scan_commitlog(cl, scan_from)
-    if end < d:
-        # Data the checkpoint called durable is gone or damaged: re-dispatch from the scan start.
-        d = scan_from
-    cut_reason = None
-    if bad_at is not None:
-        if not truncate_on_corruption:
-            raise CorruptStoreError(
-                f"CommitLog corrupt at offset {bad_at} ({reason}) with valid records after it; "
-                f"refusing to cut them. Inspect with `tidemq store check {root_dir}`; to cut the "
-                f"log "
-                f"there (the rest is kept under evidence/), open with truncate_on_corruption=True"
-            )
-        cut_reason = f"corruption at {bad_at}: {reason}"
-    else:
-        cut_reason = f"torn tail after the last valid record ({reason})"
-    evidence = EvidenceWriter(root_dir, "commitlog", cut_reason)
+    scanned = 0
+    if scan_from < d:
+        # Below d nothing needs dispatching, only checking.
+        end0, scanned, _, _ = scan_commitlog(cl, scan_from, d)
+        if end0 < d:
+            # Data the checkpoint called durable is damaged: dispatch again from the scan start,
+            # where the pass below meets the same damage and judges it.
+            d = scan_from
+    # One pass from d: every record is CRC-checked and dispatched as it is read.
+    redispatched = _dispatch_pass(cl, queues, index, dispatcher, d)
+    if redispatched < 0:
+        full, d = True, lo
+        redispatched = _dispatch_pass(cl, queues, index, dispatcher, lo)
+    scanned += redispatched
+    end = dispatcher.offset
+    cut_reason: str | None = None
+    if dispatcher.stopped_at is not None:
+        at, _status, reason = dispatcher.stopped_at
+        if _is_mid_log(cl, at):
+            if not truncate_on_corruption:
+                raise CorruptStoreError(
+                    f"CommitLog corrupt at offset {at} ({reason}) with valid records after it; "
+                    f"refusing to cut them. Inspect with `tidemq store check {root_dir}`; to cut "
+                    f"the log there (the rest is kept under evidence/), open with "
+                    f"truncate_on_corruption=True"
+                )
+            cut_reason = f"corruption at {at}: {reason}"
+        else:
+            cut_reason = f"torn tail after the last valid record ({reason})"
+    evidence = EvidenceWriter(root_dir, "commitlog", cut_reason or "data past the end")
     cl.mfq.truncate(end, evidence)
     cl.mfq.set_positions(end)
     cl.trusted_end = end
+    dispatcher.error = None
+    dispatcher.stopped_at = None
     if evidence.total:
         log.warning(
             "cut %d bytes at CommitLog offset %d (%s); kept in %s",
@@ -204,36 +227,13 @@ def recover(
             cut_reason,
             evidence.paths,
         )
-
-    redispatch_from = d
-    # A queue shorter at either end than the manifest says lost files: rebuild it from scratch.
-    damaged = []
-    for key, (min_q, max_q) in manifest.items():
-        cq = queues.get(*key)
-        if cq is None or cq.mfq.min_offset // ENTRY_SIZE > min_q or cq.max_offset < max_q:
-            damaged.append(key)
-            if cq is not None:
-                log.warning("ConsumeQueue %s/%d lost files; rebuilding it", *key)
-                cq.mfq.destroy()
-                del queues.queues[key]
-    if index_lost:
-        log.warning("the index lost files; rebuilding it from the whole CommitLog")
-    full = bool(damaged) or bool(queues.damaged) or index_lost or (not queues.queues and end > lo)
-    if full:
-        redispatch_from = lo
-    redispatched = _redispatch(cl, queues, index, dispatcher, redispatch_from, end)
-    if redispatched < 0:
-        full = True
-        redispatched = _redispatch(cl, queues, index, dispatcher, lo, end, trim=False)
     for cq in queues.all():
         cq.correct_min_offset(cl.min_offset)
-    if dispatcher.offset < end and dispatcher.error is not None:
-        raise CorruptStoreError(f"re-dispatch stopped: {dispatcher.error}")
     return RecoveryReport(
         abnormal=abnormal,
         checkpoint_found=checkpoint is not None,
-        scan_from=scan_from,
-        redispatch_from=redispatch_from if not full else lo,
+        scan_from=min(scan_from, d),
+        redispatch_from=d,
         end_offset=end,
         records_scanned=scanned,
         records_redispatched=redispatched,
@@ -245,29 +245,46 @@ def recover(
     )
 
 
-def _redispatch(
+def _drop_damaged_queues(
+    queues: ConsumeQueueStore, manifest: dict[tuple[str, int], tuple[int, int]]
+) -> bool:
+    """Delete queues that lost files (shorter at either end than the manifest recorded, or not
+    loadable); True when any needs rebuilding from the whole log."""
+    damaged = bool(queues.damaged)
+    for key, (min_q, max_q) in manifest.items():
+        cq = queues.get(*key)
+        if cq is None or cq.mfq.min_offset // ENTRY_SIZE > min_q or cq.max_offset < max_q:
+            damaged = True
+            if cq is not None:
+                log.warning("ConsumeQueue %s/%d lost files; rebuilding it", *key)
+                cq.mfq.destroy()
+                del queues.queues[key]
+    return damaged
+
+
+def _dispatch_pass(
     cl: CommitLog,
     queues: ConsumeQueueStore,
     index: IndexService | None,
     dispatcher: Dispatcher,
     start: int,
-    end: int,
-    *,
-    trim: bool = True,
 ) -> int:
-    """Trim queues and index to ``start`` and dispatch [start, end). -1 when a gap shows that
+    """Trim queues and index to ``start``, then CRC-check and dispatch every record after it
+    until the data ends. Returns the records dispatched, or -1 when a gap shows that queue
     entries before ``start`` are missing."""
     cut = max(start, cl.min_offset)
-    if trim:
-        for cq in queues.all():
-            cq.truncate_phy(cut)
-        if index is not None:
-            index.trim_to(cut)
+    for cq in queues.all():
+        cq.truncate_phy(cut)
+    if index is not None:
+        index.trim_to(cut)
     cl.topic_queue_table = {key: cq.max_offset for key, cq in queues.queues.items()}
+    cl.trusted_end = cut
     dispatcher.offset = cut
     dispatcher.error = None
     try:
-        return dispatcher.dispatch(end, allow_prefill=cut == cl.min_offset)
+        return dispatcher.dispatch(
+            cl.mfq.files[-1].end_offset, allow_prefill=cut == cl.min_offset, verify_from=cut
+        )
     except DispatchGapError as e:
         if cut == cl.min_offset:
             raise

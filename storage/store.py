@@ -52,6 +52,7 @@ LAYOUT_FILE = "store.json"
 MANIFEST_FILE = os.path.join("consumequeue", "queues.json")
 FORMAT_VERSION = 1
 QUERY_MAX_NUM = 64
+DISPATCH_SLICE_RECORDS = 1024
 
 
 @dataclass
@@ -357,8 +358,8 @@ class MessageStore:
             return min(self.commitlog.mfq.flushed_offset, self.commitlog.max_offset)
         return self.commitlog.max_offset
 
-    def _dispatch_step(self) -> int:
-        return self.dispatcher.dispatch(self._dispatch_end())
+    def _dispatch_step(self, max_records: int | None = None) -> int:
+        return self.dispatcher.dispatch(self._dispatch_end(), max_records=max_records)
 
     def _wake_dispatch(self) -> None:
         with self._dispatch_cond:
@@ -370,8 +371,10 @@ class MessageStore:
                 if self.dispatcher.offset >= self._dispatch_end() or self.dispatcher.error:
                     self._dispatch_cond.wait(0.5)
             try:
+                # Bounded slices: the checkpoint, retention and truncation take this lock too, and
+                # must not wait behind a whole backlog.
                 with self._dispatch_lock:
-                    self._dispatch_step()
+                    self._dispatch_step(DISPATCH_SLICE_RECORDS)
             except StoreError as e:
                 if self.dispatcher.error is None:
                     log.exception("dispatch stopped")
