@@ -50,8 +50,13 @@ class AppendResult:
     phy_offset: int
     size: int
     queue_offset: int
-    msg_id: str
     store_timestamp_ms: int
+    store_host: tuple[bytes, int]
+
+    @property
+    def msg_id(self) -> str:
+        """The offset message id; built on demand, outside the append lock."""
+        return make_msg_id(self.store_host, self.phy_offset)
 
 
 def _now_ms() -> int:
@@ -92,6 +97,37 @@ class CommitLog:
 
     def put(self, batch: Sequence[EncodedMessage]) -> list[AppendResult]:
         """Append a batch. The caller holds the store's put lock."""
+        last = self.mfq.last_file
+        total = sum(m.size for m in batch)
+        if last is not None and last.wrote + total + BLANK_SIZE <= last.size:
+            return self._put_in_place(last, batch)
+        return self._put_across_files(batch)
+
+    def _put_in_place(self, f: MappedFile, batch: Sequence[EncodedMessage]) -> list[AppendResult]:
+        """The common case: the whole batch fits the current file, so no blank, no roll."""
+        now = max(_now_ms(), self.last_store_timestamp_ms)
+        table = self.topic_queue_table
+        host = self.store_host
+        mm = f.mm
+        base = f.base_offset
+        pos = f.wrote
+        start = base + pos
+        results: list[AppendResult] = []
+        for m in batch:
+            key = (m.topic, m.queue_id)
+            qoff = table.get(key, 0)
+            write_record(mm, pos, m, qoff, base + pos, now, host)
+            table[key] = qoff + 1
+            results.append(AppendResult(base + pos, m.size, qoff, now, host))
+            pos += m.size
+        f.wrote = pos
+        self.last_store_timestamp_ms = now
+        if self.trusted_end == start:
+            self.trusted_end = base + pos
+        self.last_write_raw = False
+        return results
+
+    def _put_across_files(self, batch: Sequence[EncodedMessage]) -> list[AppendResult]:
         fs = self.file_size
         limit = self.max_record_size()
         start = self.mfq.max_offset
@@ -111,7 +147,7 @@ class CommitLog:
             if m.size + BLANK_SIZE > room:
                 plan.append((off, None, room))
                 off += room
-            key = (m.topic.decode(), m.queue_id)
+            key = (m.topic, m.queue_id)
             qoff = overlay.get(key)
             if qoff is None:
                 qoff = table.get(key, 0)
@@ -135,7 +171,7 @@ class CommitLog:
                 continue
             write_record(f.mm, pos, placed, qoff, at, now, host)
             f.wrote = pos + placed.size
-            results.append(AppendResult(at, placed.size, qoff, make_msg_id(host, at), now))
+            results.append(AppendResult(at, placed.size, qoff, now, host))
         table.update(overlay)
         self.last_store_timestamp_ms = now
         if self.trusted_end == start:

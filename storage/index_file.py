@@ -334,7 +334,13 @@ class IndexFile:
         return cleaned
 
     def flush(self) -> None:
-        self._mm.flush()
+        # fdatasync, not mmap.flush: CPython's msync holds the GIL for the whole write-back and
+        # would freeze every other thread; Linux writes back pages dirtied through the mapping.
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         if not self._mm.closed:

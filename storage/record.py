@@ -63,6 +63,8 @@ TRANSACTION_PREPARED: Final = 0x4
 TRANSACTION_ROLLBACK: Final = 0xC
 
 TOPIC_MAX_BYTES: Final = 127
+_I32_MIN: Final = -(1 << 31)
+_I32_MAX: Final = (1 << 31) - 1
 PROPERTIES_MAX_BYTES: Final = 32_767
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 _TOPIC_BYTES_RE = re.compile(rb"^[%|a-zA-Z0-9_-]+$")
@@ -105,6 +107,24 @@ def body_crc(body: bytes | memoryview) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
+_valid_topics: dict[str, bytes] = {}
+_BAD_PROPERTY_CHARS = re.compile("[\x01\x02]")
+_BAD_KEY_CHARS = re.compile("[ \x01\x02]")
+_H = struct.Struct(">h")
+
+
+def topic_prefix(topic: str) -> bytes:
+    """The topic's length byte and bytes as a record carries them, validated once per topic."""
+    prefix = _valid_topics.get(topic)
+    if prefix is None:
+        encoded = validate_topic(topic)
+        prefix = bytes((len(encoded),)) + encoded
+        if len(_valid_topics) >= 65_536:
+            _valid_topics.clear()
+        _valid_topics[topic] = prefix
+    return prefix
+
+
 def validate_topic(topic: str) -> bytes:
     encoded = topic.encode("utf-8")
     if not encoded:
@@ -121,11 +141,11 @@ def validate_topic(topic: str) -> bytes:
 def encode_properties(props: Mapping[str, str]) -> bytes:
     parts: list[str] = []
     for name, value in props.items():
-        if not name or any(c in name for c in "\x01\x02") or any(c in value for c in "\x01\x02"):
+        if not name or _BAD_PROPERTY_CHARS.search(name) or _BAD_PROPERTY_CHARS.search(value):
             raise InvalidPropertyError(
                 f"property {name!r} must be non-empty and free of \\x01 and \\x02"
             )
-        parts.append(name + NAME_SEP + value + PROP_SEP)
+        parts.append(f"{name}\x01{value}\x02")
     encoded = "".join(parts).encode("utf-8")
     if len(encoded) > PROPERTIES_MAX_BYTES:
         raise PropertiesTooLargeError(
@@ -179,7 +199,7 @@ class Message:
 class EncodedMessage:
     """A validated message with everything computed that does not need the append lock."""
 
-    topic: bytes
+    topic: str
     queue_id: int
     body: bytes
     tail: bytes  # topic length + topic + properties length + properties
@@ -191,7 +211,8 @@ class EncodedMessage:
     reconsume_times: int
     prepared_transaction_offset: int
     size: int
-    record_crc: bool = False
+    record_crc: bool
+    header: struct.Struct
 
 
 def prepare(
@@ -201,18 +222,42 @@ def prepare(
 
     ``record_crc`` reserves RocketMQ's whole-record CRC property (``enabledAppendPropCRC``):
     20 bytes at the end of the properties, filled in by ``write_record``."""
-    topic = validate_topic(msg.topic)
-    if len(msg.body) > max_body_bytes:
-        raise BodyTooLargeError(f"body is {len(msg.body)} bytes, at most {max_body_bytes} allowed")
-    props = dict(msg.properties)
-    if msg.tags:
-        props[PROP_TAGS] = msg.tags
-    if msg.keys:
-        for k in msg.keys:
-            if not k or " " in k:
-                raise InvalidPropertyError(f"key {k!r} must be non-empty and free of spaces")
-        props[PROP_KEYS] = " ".join(msg.keys)
-    props_raw = encode_properties(props) if props else b""
+    prefix = topic_prefix(msg.topic)
+    body = msg.body if type(msg.body) is bytes else bytes(msg.body)
+    if len(body) > max_body_bytes:
+        raise BodyTooLargeError(f"body is {len(body)} bytes, at most {max_body_bytes} allowed")
+    if not (
+        _I32_MIN <= msg.flag <= _I32_MAX
+        and _I32_MIN <= msg.reconsume_times <= _I32_MAX
+        and 0 <= msg.born_timestamp_ms < 1 << 63
+        and 0 <= msg.prepared_transaction_offset < 1 << 63
+        and 0 <= msg.born_host[1] <= 65_535
+        and len(msg.born_host[0]) in (4, 16)
+    ):
+        raise InvalidPropertyError("flag, timestamps, offsets or born host out of range")
+    for k in msg.keys:
+        if not k or _BAD_KEY_CHARS.search(k):
+            raise InvalidPropertyError(f"key {k!r} must be non-empty, free of spaces, \\x01, \\x02")
+    keys = " ".join(msg.keys)
+    if msg.properties:
+        props = dict(msg.properties)
+        if msg.tags:
+            props[PROP_TAGS] = msg.tags
+        if keys:
+            props[PROP_KEYS] = keys
+        props_raw = encode_properties(props)
+    else:
+        # The common shape (tags and keys only) without building a dict.
+        if msg.tags and _BAD_PROPERTY_CHARS.search(msg.tags):
+            raise InvalidPropertyError("tags must be free of \\x01 and \\x02")
+        text = (f"TAGS\x01{msg.tags}\x02" if msg.tags else "") + (
+            f"KEYS\x01{keys}\x02" if keys else ""
+        )
+        props_raw = text.encode("utf-8")
+        if len(props_raw) > PROPERTIES_MAX_BYTES:
+            raise PropertiesTooLargeError(
+                f"properties are {len(props_raw)} bytes, at most {PROPERTIES_MAX_BYTES} allowed"
+            )
     if record_crc:
         if len(props_raw) + RECORD_CRC_SIZE > PROPERTIES_MAX_BYTES:
             raise PropertiesTooLargeError(
@@ -226,22 +271,23 @@ def prepare(
         sys_flag |= SYSFLAG_BORNHOST_V6
     if store_host_v6:
         sys_flag |= SYSFLAG_STOREHOST_V6
-    tail = bytes((len(topic),)) + topic + struct.pack(">h", len(props_raw)) + props_raw
-    size = HEADERS[born_v6, store_host_v6].size + len(msg.body) + len(tail)
+    tail = prefix + _H.pack(len(props_raw)) + props_raw
+    hdr = HEADERS[born_v6, store_host_v6]
     return EncodedMessage(
-        topic=topic,
-        queue_id=msg.queue_id,
-        body=bytes(msg.body),
-        tail=tail,
-        crc=body_crc(msg.body),
-        flag=msg.flag,
-        sys_flag=sys_flag,
-        born_timestamp_ms=msg.born_timestamp_ms,
-        born_host=msg.born_host,
-        reconsume_times=msg.reconsume_times,
-        prepared_transaction_offset=msg.prepared_transaction_offset,
-        size=size,
-        record_crc=record_crc,
+        msg.topic,
+        msg.queue_id,
+        body,
+        tail,
+        zlib.crc32(body) & 0x7FFFFFFF,
+        msg.flag,
+        sys_flag,
+        msg.born_timestamp_ms,
+        msg.born_host,
+        msg.reconsume_times,
+        msg.prepared_transaction_offset,
+        hdr.size + len(body) + len(tail),
+        record_crc,
+        hdr,
     )
 
 
@@ -265,7 +311,7 @@ def write_record(
     zeros (the end of the data), so a writer killed half-way never leaves a record that looks whole.
     The body CRC alone would not catch a tail torn inside the topic or the properties.
     """
-    hdr = HEADERS[bool(m.sys_flag & SYSFLAG_BORNHOST_V6), bool(m.sys_flag & SYSFLAG_STOREHOST_V6)]
+    hdr = m.header
     born_ts = m.born_timestamp_ms or store_timestamp_ms
     hdr.pack_into(
         buf,
