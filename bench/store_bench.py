@@ -533,6 +533,7 @@ def anon_growth_kib(mem: Sequence[Record]) -> int | None:
 
 # ===================================================================== 6: ceiling
 def ceiling(perfkit: str, gib: float, runs: int, scratch: str) -> Record | None:
+    perfkit = os.path.abspath(perfkit)
     script = os.path.join(perfkit, "mmap_append.py")
     if not os.path.exists(script):
         log(f"no {script}: the ceiling is skipped")

@@ -113,13 +113,14 @@ class CommitLog:
         pos = f.wrote
         start = base + pos
         results: list[AppendResult] = []
-        for m in batch:
-            key = (m.topic, m.queue_id)
-            qoff = table.get(key, 0)
-            write_record(mm, pos, m, qoff, base + pos, now, host)
-            table[key] = qoff + 1
-            results.append(AppendResult(base + pos, m.size, qoff, now, host))
-            pos += m.size
+        with memoryview(mm) as view:
+            for m in batch:
+                key = (m.topic, m.queue_id)
+                qoff = table.get(key, 0)
+                write_record(view, pos, m, qoff, base + pos, now)
+                table[key] = qoff + 1
+                results.append(AppendResult(base + pos, m.size, qoff, now, host))
+                pos += m.size
         f.wrote = pos
         self.last_store_timestamp_ms = now
         if self.trusted_end == start:
@@ -169,7 +170,8 @@ class CommitLog:
                 write_blank(f.mm, pos, qoff)
                 f.wrote = f.size
                 continue
-            write_record(f.mm, pos, placed, qoff, at, now, host)
+            with memoryview(f.mm) as view:
+                write_record(view, pos, placed, qoff, at, now)
             f.wrote = pos + placed.size
             results.append(AppendResult(at, placed.size, qoff, now, host))
         table.update(overlay)

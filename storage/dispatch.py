@@ -17,7 +17,7 @@ from storage.commitlog import CommitLog
 from storage.consume_queue import GAP, ConsumeQueue
 from storage.errors import CorruptRecordError, CorruptStoreError
 from storage.index_file import IndexService
-from storage.javahash import tag_code
+from storage.javahash import tag_code_of_bytes
 from storage.record import (
     CORRUPT,
     END_OF_FILE,
@@ -175,7 +175,7 @@ class Dispatcher:
         tx = info.sys_flag & TRANSACTION_MASK
         if tx not in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
             cq = self.queues.get_or_create(info.topic, info.queue_id)
-            tag = tag_code(info.tags.decode("utf-8", "replace")) if info.tags else 0
+            tag = tag_code_of_bytes(info.tags) if info.tags else 0
             if cq.put(info.phy_offset, info.size, tag, info.queue_offset, allow_prefill) == GAP:
                 raise DispatchGapError(
                     info.topic, info.queue_id, info.queue_offset, info.phy_offset

@@ -220,30 +220,51 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp_ms: int) -> bool:
         """Index ``key`` (already "topic#key"); False when the file is full."""
+        return self.put_keys((key,), phy_offset, store_timestamp_ms) == 1
+
+    def put_keys(self, keys: Sequence[str], phy_offset: int, store_timestamp_ms: int) -> int:
+        """Index one message's keys (each already "topic#key"); returns how many fit.
+
+        Each entry is written before its slot; the header (indexCount last) once at the end. A
+        kill in between leaves entries past indexCount, which ``repair_torn`` undoes."""
         n = self._count
-        if n >= self._max:
-            return False
         if n > 1 and phy_offset < self._end_phy:
             # trim_to relies on offsets never decreasing inside a file.
             raise ValueError(f"index offset {phy_offset} is below {self._end_phy} in {self.path}")
-        key_hash = index_key_hash(key)
-        slot_pos = self._slot_at(key_hash)
-        head = self._slot(slot_pos)
-        prev = head if 0 < head < n else 0
         if n == 1:
             # Set before timeDiff is taken (RocketMQ takes it against the rolled-over begin), so
             # the first entry is always at diff 0.
             self._begin_ts, self._begin_phy = store_timestamp_ms, phy_offset
         diff = min(max((store_timestamp_ms - self._begin_ts) // 1000, 0), _INT32_MAX)
-        _ENTRY.pack_into(self._mm, self._entry_at(n), key_hash, phy_offset, diff, prev)
-        _I32.pack_into(self._mm, slot_pos, n)
-        if head == 0:
-            self._slot_count += 1
-        self._end_ts = self._begin_ts + diff * 1000
-        self._end_phy = phy_offset
-        self._count = n + 1
-        self._write_header()
-        return True
+        mm = self._mm
+        slots = self._slot_num
+        entries_at = self._entries_at
+        put = 0
+        for key in keys:
+            if n >= self._max:
+                break
+            key_hash = index_key_hash(key)
+            slot_pos = HEADER_SIZE + (key_hash % slots) * SLOT_SIZE
+            head = _I32.unpack_from(mm, slot_pos)[0]
+            _ENTRY.pack_into(
+                mm,
+                entries_at + n * ENTRY_SIZE,
+                key_hash,
+                phy_offset,
+                diff,
+                head if 0 < head < n else 0,
+            )
+            _I32.pack_into(mm, slot_pos, n)
+            if head == 0:
+                self._slot_count += 1
+            n += 1
+            put += 1
+        if put:
+            self._end_ts = self._begin_ts + diff * 1000
+            self._end_phy = phy_offset
+            self._count = n
+            self._write_header()
+        return put
 
     def select(self, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:
         """Offsets of entries whose hash matches ``key`` and time is in range, newest first."""
@@ -428,6 +449,9 @@ class IndexService:
         return f
 
     def _newest_with_entries(self) -> IndexFile | None:
+        files = self._open_files()
+        if files and files[-1].index_count > 1:
+            return files[-1]
         return next((f for f in reversed(self._open_files()) if f.index_count > 1), None)
 
     def _entries_at_offset(self, phy_offset: int) -> int:
@@ -453,15 +477,18 @@ class IndexService:
                 # keys go in in order, so the ones already there are a prefix.
                 full_keys = full_keys[self._entries_at_offset(phy_offset) :]
             files = self._open_files()
-            for key in full_keys:
+            while full_keys:
                 f = files[-1] if files else self._create(phy_offset, store_timestamp_ms)
-                if f.put_key(key, phy_offset, store_timestamp_ms):
-                    continue
+                put = f.put_keys(full_keys, phy_offset, store_timestamp_ms)
+                full_keys = full_keys[put:]
+                if not full_keys:
+                    break
                 # Nothing writes to a full file again, so this is its last flush.
                 f.flush()
                 f = self._create(f.end_phy_offset, f.end_timestamp)
-                if not f.put_key(key, phy_offset, store_timestamp_ms):
+                if not f.put_keys(full_keys[:1], phy_offset, store_timestamp_ms):
                     raise AssertionError(f"fresh index file {f.path} refused a key")
+                full_keys = full_keys[1:]
 
     def query(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
         """Offsets of messages whose key hash matches, newest first; collisions included."""

@@ -17,8 +17,8 @@ from array import array
 
 _MASK = 0xFFFFFFFF
 _TABLE_LEN = 256
-# _POW[i] = 31**(_TABLE_LEN - 1 - i) mod 2**32, so the last n entries weight a string of length n.
-_POW = [pow(31, _TABLE_LEN - 1 - i, 1 << 32) for i in range(_TABLE_LEN)]
+_POW_REV = [pow(31, i, 1 << 32) for i in range(_TABLE_LEN)]  # 31**i mod 2**32
+_POW_TABLE_LEN = pow(31, _TABLE_LEN, 1 << 32)
 _UTF16_NATIVE = "utf-16-le" if sys.byteorder == "little" else "utf-16-be"
 
 
@@ -26,27 +26,20 @@ def _to_signed(h: int) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def _units(s: str) -> bytes | array[int]:
-    if s.isascii():
-        return s.encode("ascii")
-    return array("H", s.encode(_UTF16_NATIVE))
-
-
 def java_hash(s: str) -> int:
     """``s.hashCode()`` as Java computes it (signed 32-bit)."""
-    units = _units(s)
+    units: bytes | array[int] = (
+        s.encode("ascii") if s.isascii() else array("H", s.encode(_UTF16_NATIVE))
+    )
     n = len(units)
+    if n <= _TABLE_LEN:
+        # The last unit has weight 31**0: pair the units backwards with the powers.
+        return _to_signed(sum(map(operator.mul, reversed(units), _POW_REV)) & _MASK)
     h = 0
-    start = 0
-    # Horner over table-sized chunks: h * 31**len(chunk) + sum(chunk weights).
-    while n - start > _TABLE_LEN:
+    for start in range(0, n, _TABLE_LEN):
         chunk = units[start : start + _TABLE_LEN]
-        h = (h * pow(31, _TABLE_LEN, 1 << 32) + sum(map(operator.mul, chunk, _POW))) & _MASK
-        start += _TABLE_LEN
-    rest = units[start:]
-    m = len(rest)
-    if m:
-        h = (h * pow(31, m, 1 << 32) + sum(map(operator.mul, rest, _POW[_TABLE_LEN - m :]))) & _MASK
+        weight = _POW_TABLE_LEN if len(chunk) == _TABLE_LEN else pow(31, len(chunk), 1 << 32)
+        h = (h * weight + sum(map(operator.mul, reversed(chunk), _POW_REV))) & _MASK
     return _to_signed(h)
 
 
@@ -54,6 +47,12 @@ def java_hash(s: str) -> int:
 def tag_code(tag: str) -> int:
     """The ConsumeQueue tag code: the tag's Java hash code. Tags repeat, hence the cache."""
     return java_hash(tag)
+
+
+@functools.lru_cache(maxsize=8192)
+def tag_code_of_bytes(tag: bytes) -> int:
+    """``tag_code`` of a TAGS value as a record stores it (UTF-8), without decoding each time."""
+    return java_hash(tag.decode("utf-8", "replace"))
 
 
 def index_key_hash(key: str) -> int:

@@ -68,6 +68,7 @@ _I32_MAX: Final = (1 << 31) - 1
 PROPERTIES_MAX_BYTES: Final = 32_767
 _TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 _TOPIC_BYTES_RE = re.compile(rb"^[%|a-zA-Z0-9_-]+$")
+_known_topics: dict[bytes, str] = {}  # topic bytes already seen valid in a record
 
 Buf = bytes | bytearray | memoryview | mmap.mmap
 WBuf = bytearray | memoryview | mmap.mmap
@@ -95,6 +96,7 @@ def _header(born_v6: bool, store_v6: bool) -> struct.Struct:
 
 # Full header up to and including BODY LENGTH, keyed by (born host v6, store host v6).
 HEADERS: Final = {(b, s): _header(b, s) for b in (False, True) for s in (False, True)}
+_HEADER_V4: Final = HEADERS[False, False]
 # The same header without the prefix, for decoding once SYSFLAG is known.
 _SUFFIX: Final = {
     (b, s): struct.Struct(">" + _HOST[b] + "q" + _HOST[s] + "iqi")
@@ -111,6 +113,10 @@ _valid_topics: dict[str, bytes] = {}
 _BAD_PROPERTY_CHARS = re.compile("[\x01\x02]")
 _BAD_KEY_CHARS = re.compile("[ \x01\x02]")
 _H = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_QUEUE_AND_PHY = struct.Struct(">qq")  # QUEUEOFFSET and PHYSICALOFFSET, at byte 20
+_STORE_TS_AT = 56  # STORETIMESTAMP with an IPv4 born host
+_STORE_TS_AT_V6_BORN = 68
 
 
 def topic_prefix(topic: str) -> bytes:
@@ -201,22 +207,22 @@ class EncodedMessage:
 
     topic: str
     queue_id: int
-    body: bytes
-    tail: bytes  # topic length + topic + properties length + properties
-    crc: int
-    flag: int
-    sys_flag: int
-    born_timestamp_ms: int
-    born_host: tuple[bytes, int]
-    reconsume_times: int
-    prepared_transaction_offset: int
+    # The whole record with zeros where the append fills in TOTALSIZE+MAGICCODE (written last),
+    # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and a missing BORNTIMESTAMP.
+    image: bytes
     size: int
+    store_ts_at: int
+    born_ts_missing: bool
     record_crc: bool
-    header: struct.Struct
+    head: bytes  # TOTALSIZE + MAGICCODE
+    head_crc: int  # crc32 of ``head``: where the whole-record CRC starts
 
 
 def prepare(
-    msg: Message, max_body_bytes: int, store_host_v6: bool, record_crc: bool = False
+    msg: Message,
+    max_body_bytes: int,
+    store_host: tuple[bytes, int],
+    record_crc: bool = False,
 ) -> EncodedMessage:
     """Validate and pre-encode one message; raises a MessageIllegalError subclass on bad input.
 
@@ -266,28 +272,45 @@ def prepare(
             )
         props_raw += _RECORD_CRC_PLACEHOLDER
     born_v6 = len(msg.born_host[0]) == 16
+    store_v6 = len(store_host[0]) == 16
     sys_flag = msg.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
     if born_v6:
         sys_flag |= SYSFLAG_BORNHOST_V6
-    if store_host_v6:
+    if store_v6:
         sys_flag |= SYSFLAG_STOREHOST_V6
-    tail = prefix + _H.pack(len(props_raw)) + props_raw
-    hdr = HEADERS[born_v6, store_host_v6]
+    hdr = HEADERS[born_v6, store_v6]
+    header = hdr.pack(
+        0,
+        0,
+        zlib.crc32(body) & 0x7FFFFFFF,
+        msg.queue_id,
+        msg.flag,
+        0,
+        0,
+        sys_flag,
+        msg.born_timestamp_ms,
+        msg.born_host[0],
+        msg.born_host[1],
+        0,
+        store_host[0],
+        store_host[1],
+        msg.reconsume_times,
+        msg.prepared_transaction_offset,
+        len(body),
+    )
+    image = b"".join((header, body, prefix, _H.pack(len(props_raw)), props_raw))
+    size = len(image)
+    head = BLANK.pack(size, MAGIC_V1)
     return EncodedMessage(
         msg.topic,
         msg.queue_id,
-        body,
-        tail,
-        zlib.crc32(body) & 0x7FFFFFFF,
-        msg.flag,
-        sys_flag,
-        msg.born_timestamp_ms,
-        msg.born_host,
-        msg.reconsume_times,
-        msg.prepared_transaction_offset,
-        hdr.size + len(body) + len(tail),
+        image,
+        size,
+        _STORE_TS_AT_V6_BORN if born_v6 else _STORE_TS_AT,
+        not msg.born_timestamp_ms,
         record_crc,
-        hdr,
+        head,
+        zlib.crc32(head),
     )
 
 
@@ -303,48 +326,23 @@ def write_record(
     queue_offset: int,
     phy_offset: int,
     store_timestamp_ms: int,
-    store_host: tuple[bytes, int],
 ) -> None:
-    """Write one prepared record at ``pos`` of a writable buffer (an mmap).
+    """Write one prepared record at ``pos`` of a writable buffer (an mmap, or a memoryview of
+    one: the whole-record CRC is then computed without copying).
 
     TOTALSIZE and MAGICCODE go in last, in one 8-byte store: until then the position reads as
     zeros (the end of the data), so a writer killed half-way never leaves a record that looks whole.
-    The body CRC alone would not catch a tail torn inside the topic or the properties.
     """
-    hdr = m.header
-    born_ts = m.born_timestamp_ms or store_timestamp_ms
-    hdr.pack_into(
-        buf,
-        pos,
-        0,
-        0,
-        m.crc,
-        m.queue_id,
-        m.flag,
-        queue_offset,
-        phy_offset,
-        m.sys_flag,
-        born_ts,
-        m.born_host[0],
-        m.born_host[1],
-        store_timestamp_ms,
-        store_host[0],
-        store_host[1],
-        m.reconsume_times,
-        m.prepared_transaction_offset,
-        len(m.body),
-    )
-    start = pos + hdr.size
-    mid = start + len(m.body)
-    buf[start:mid] = m.body
-    buf[mid : mid + len(m.tail)] = m.tail
+    end = pos + m.size
+    buf[pos:end] = m.image
+    _QUEUE_AND_PHY.pack_into(buf, pos + 20, queue_offset, phy_offset)
+    if m.born_ts_missing:
+        _I64.pack_into(buf, pos + 40, store_timestamp_ms)
+    _I64.pack_into(buf, pos + m.store_ts_at, store_timestamp_ms)
     if m.record_crc:
-        head = BLANK.pack(m.size, MAGIC_V1)
-        end = pos + m.size
-        with memoryview(buf) as mv:
-            crc = zlib.crc32(mv[pos + BLANK_SIZE : end - RECORD_CRC_SIZE], zlib.crc32(head))
+        crc = zlib.crc32(buf[pos + BLANK_SIZE : end - RECORD_CRC_SIZE], m.head_crc)
         buf[end - 11 : end - 1] = _record_crc_digits(crc & 0x7FFFFFFF)
-    BLANK.pack_into(buf, pos, m.size, MAGIC_V1)
+    buf[pos : pos + BLANK_SIZE] = m.head
 
 
 def write_blank(buf: WBuf, pos: int, remaining: int) -> None:
@@ -361,9 +359,10 @@ def encode_record(
     record_crc: bool = False,
 ) -> bytes:
     """One whole record as bytes (tests, tools); the store writes straight into its mmap instead."""
-    m = prepare(msg, max_body_bytes, len(store_host[0]) == 16, record_crc)
+    m = prepare(msg, max_body_bytes, store_host, record_crc)
     buf = bytearray(m.size)
-    write_record(buf, 0, m, queue_offset, phy_offset, store_timestamp_ms, store_host)
+    with memoryview(buf) as view:
+        write_record(view, 0, m, queue_offset, phy_offset, store_timestamp_ms)
     return bytes(buf)
 
 
@@ -454,40 +453,49 @@ def check_record(
         return CORRUPT, f"record size {size} below the minimum"
     if size > avail:
         return INCOMPLETE, f"record of {size} bytes but only {avail} available"
-    (_, _, crc, queue_id, _flag, queue_offset, phy_offset, sys_flag, _born) = PREFIX.unpack_from(
-        buf,
-        pos,
-    )
-    suffix = _SUFFIX[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
-    (_, _, store_ts, _, _, _, _, body_len) = suffix.unpack_from(buf, pos + PREFIX.size)
-    body_at = pos + PREFIX.size + suffix.size
+    # Read the header as the common IPv4 layout; re-read it when SYSFLAG says otherwise.
+    fields = _HEADER_V4.unpack_from(buf, pos)
+    sys_flag = fields[7]
+    hdr = _HEADER_V4
+    if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
+        hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
+        fields = hdr.unpack_from(buf, pos)
+    crc, queue_id, queue_offset, phy_offset = fields[2], fields[3], fields[5], fields[6]
+    store_ts, body_len = fields[11], fields[16]
+    end = pos + size
+    body_at = pos + hdr.size
     topic_len_at = body_at + body_len
     v2 = magic == MAGIC_V2
-    if body_len < 0 or topic_len_at + (2 if v2 else 1) + 2 > pos + size:
+    if body_len < 0 or topic_len_at + (2 if v2 else 1) + 2 > end:
         return CORRUPT, "body length runs past the record"
     if v2:
-        (topic_len,) = struct.unpack_from(">h", buf, topic_len_at)
+        topic_len = _H.unpack_from(buf, topic_len_at)[0]
         topic_at = topic_len_at + 2
     else:
         topic_len = buf[topic_len_at]
         topic_at = topic_len_at + 1
     props_len_at = topic_at + topic_len
-    if props_len_at + 2 > pos + size:
+    if props_len_at + 2 > end:
         return CORRUPT, "topic length runs past the record"
-    (props_len,) = struct.unpack_from(">h", buf, props_len_at)
+    props_len = _H.unpack_from(buf, props_len_at)[0]
     props_at = props_len_at + 2
-    if props_len < 0 or props_at + props_len != pos + size:
+    if props_len < 0 or props_at + props_len != end:
         return CORRUPT, "record length does not match its fields"
     if phy_offset != expect_phy_offset:
         return CORRUPT, f"PHYSICALOFFSET {phy_offset} where {expect_phy_offset} was expected"
     # Cheap shape checks that catch a torn topic or properties even without the record CRC.
-    if props_len and buf[props_at + props_len - 1] != 0x02:
+    if props_len and buf[end - 1] != 0x02:
         return CORRUPT, "properties do not end with a separator"
     topic_raw = bytes(buf[topic_at:props_len_at])
-    if not topic_raw or not _TOPIC_BYTES_RE.match(topic_raw):
-        return CORRUPT, "topic is empty or holds bytes no topic may hold"
+    topic = _known_topics.get(topic_raw)
+    if topic is None:
+        if not topic_raw or not _TOPIC_BYTES_RE.match(topic_raw):
+            return CORRUPT, "topic is empty or holds bytes no topic may hold"
+        topic = topic_raw.decode("ascii")
+        if len(_known_topics) >= 65_536:
+            _known_topics.clear()
+        _known_topics[topic_raw] = topic
     if verify_crc:
-        end = pos + size
         with memoryview(buf) as mv:
             if props_len >= RECORD_CRC_SIZE and (
                 mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
@@ -501,13 +509,16 @@ def check_record(
                 return CORRUPT, "record CRC property missing"
             if body_crc(mv[body_at:topic_len_at]) != crc:
                 return CORRUPT, "body CRC mismatch"
-    topic = topic_raw.decode("ascii")
     tags = keys = uniq = None
     if props_len:
-        props = bytes(buf[props_at : props_at + props_len])
-        tags = find_property(props, b"TAGS")
-        keys = find_property(props, b"KEYS")
-        uniq = find_property(props, b"UNIQ_KEY")
+        for item in bytes(buf[props_at:end]).split(b"\x02"):
+            name, _, value = item.partition(b"\x01")
+            if name == b"TAGS":
+                tags = value
+            elif name == b"KEYS":
+                keys = value
+            elif name == b"UNIQ_KEY":
+                uniq = value
     return OK, RecordInfo(
         size, topic, queue_id, queue_offset, phy_offset, sys_flag, store_ts, tags, keys, uniq
     )

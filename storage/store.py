@@ -274,11 +274,11 @@ class MessageStore:
     def put_messages(self, messages: Sequence[Message]) -> PutResult:
         """Append a batch; all messages are validated before any byte is written."""
         cfg = self.config
-        v6 = len(cfg.store_host_packed[0]) == 16
         for m in messages:
             if not 0 <= m.queue_id < (1 << 31):
                 raise InvalidQueueIdError(f"queue id {m.queue_id} out of range")
-        encoded = [prepare(m, cfg.max_message_body_bytes, v6, cfg.record_crc) for m in messages]
+        host = cfg.store_host_packed
+        encoded = [prepare(m, cfg.max_message_body_bytes, host, cfg.record_crc) for m in messages]
         if not encoded:
             return PutResult([], _done(PutStatus.PUT_OK))
         with self._put_lock:

@@ -159,22 +159,22 @@ def test_msg_id_is_host_port_offset_in_uppercase_hex() -> None:
 )
 def test_topic_rules(topic: str, ok: bool) -> None:
     if ok:
-        prepare(Message(topic, b""), 10, False)
+        prepare(Message(topic, b""), 10, HOST)
     else:
         with pytest.raises(InvalidTopicError):
-            prepare(Message(topic, b""), 10, False)
+            prepare(Message(topic, b""), 10, HOST)
 
 
 def test_limits() -> None:
     with pytest.raises(BodyTooLargeError):
-        prepare(Message("t", b"x" * 11), 10, False)
-    prepare(Message("t", b"x" * 10), 10, False)
+        prepare(Message("t", b"x" * 11), 10, HOST)
+    prepare(Message("t", b"x" * 10), 10, HOST)
     with pytest.raises(PropertiesTooLargeError):
-        prepare(Message("t", b"", properties={"p": "v" * 32_767}), 10, False)
+        prepare(Message("t", b"", properties={"p": "v" * 32_767}), 10, HOST)
     with pytest.raises(InvalidPropertyError):
-        prepare(Message("t", b"", properties={"p": "a\x01b"}), 10, False)
+        prepare(Message("t", b"", properties={"p": "a\x01b"}), 10, HOST)
     with pytest.raises(InvalidPropertyError):
-        prepare(Message("t", b"", keys=["has space"]), 10, False)
+        prepare(Message("t", b"", keys=["has space"]), 10, HOST)
 
 
 def test_whole_record_crc_property_layout() -> None:
