@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 
@@ -43,17 +44,24 @@ def write_atomic(path: str, data: bytes, *, keep_backup: bool = True) -> None:
     fsync_dir(directory)
 
 
-def read_with_fallback(path: str) -> bytes | None:
-    """The file's bytes, or its ``.bak`` when the file is missing or empty; None if neither."""
+def _first_readable(path: str, parse: Callable[[bytes], Any]) -> Any | None:
+    """``parse`` of the file's bytes, or of its ``.bak`` when the file is missing, empty or
+    unparsable (``parse`` raising ValueError); None if neither will do."""
     for candidate in (path, f"{path}.bak"):
         try:
             with open(candidate, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
+            if data:
+                return parse(data)
+        except (FileNotFoundError, ValueError):
             continue
-        if data:
-            return data
     return None
+
+
+def read_with_fallback(path: str) -> bytes | None:
+    """The file's bytes, or its ``.bak`` when the file is missing or empty; None if neither."""
+    data: bytes | None = _first_readable(path, bytes)
+    return data
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -62,12 +70,4 @@ def write_json_atomic(path: str, obj: Any) -> None:
 
 def read_json_with_fallback(path: str) -> Any | None:
     """Parsed JSON of the file, falling back to ``.bak`` when the newest is empty or unparsable."""
-    for candidate in (path, f"{path}.bak"):
-        try:
-            with open(candidate, "rb") as f:
-                data = f.read()
-            if data:
-                return json.loads(data)
-        except (FileNotFoundError, ValueError):
-            continue
-    return None
+    return _first_readable(path, json.loads)
