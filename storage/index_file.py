@@ -200,16 +200,11 @@ class IndexFile:
         return value
 
     def _write_header(self) -> None:
-        _HEADER_BODY.pack_into(
-            self._mm,
-            0,
-            self._begin_ts,
-            self._end_ts,
-            self._begin_phy,
-            self._end_phy,
-            self._slot_count,
+        body = _HEADER_BODY.pack(
+            self._begin_ts, self._end_ts, self._begin_phy, self._end_phy, self._slot_count
         )
-        _I32.pack_into(self._mm, _INDEX_COUNT_AT, self._count)
+        _store(self._mm, 0, body)
+        _store(self._mm, _INDEX_COUNT_AT, _I32.pack(self._count))
 
     def _set_end_from_last_entry(self) -> None:
         if self._count > 1:
@@ -254,7 +249,7 @@ class IndexFile:
                 diff,
                 head if 0 < head < n else 0,
             )
-            _I32.pack_into(mm, slot_pos, n)
+            _store(mm, slot_pos, _I32.pack(n))
             if head == 0:
                 self._slot_count += 1
             n += 1
@@ -320,7 +315,7 @@ class IndexFile:
             key_hash, _, _, prev = self._entry(n)
             pos = self._slot_at(key_hash)
             if self._slot(pos) == n:
-                _I32.pack_into(self._mm, pos, prev)
+                _store(self._mm, pos, _I32.pack(prev))
             at = self._entry_at(n)
             self._mm[at : at + ENTRY_SIZE] = _ZERO_ENTRY
         return old - first
@@ -340,7 +335,7 @@ class IndexFile:
                 prev = self._entry(head)[3] if head < self._max else 0
                 head = prev if prev < head else 0
             if fixed:
-                _I32.pack_into(self._mm, pos, head)
+                _store(self._mm, pos, _I32.pack(head))
             if raw == _ZERO_ENTRY and not fixed:
                 break
             self._mm[at : at + ENTRY_SIZE] = _ZERO_ENTRY
@@ -374,6 +369,17 @@ class IndexFile:
 
 _NAME = re.compile(r"\d{17}")
 _NAME_TIME = "%Y%m%d%H%M%S"
+
+
+def _store(mm: mmap.mmap, pos: int, data: bytes) -> None:
+    """Overwrite committed bytes (slots, header) with a plain copy.
+
+    Never ``Struct.pack_into`` for these: CPython zero-fills the target before packing into it,
+    so a process killed in between leaves zeros where a committed value was: a slot of 0 loses
+    its whole chain, an indexCount of 0 makes the file unreadable. A copy only ever shows the old
+    bytes, the new ones, or (for the multi-field header) a mix that repair_torn rebuilds.
+    """
+    mm[pos : pos + len(data)] = data
 
 
 def _now_ms() -> int:

@@ -450,27 +450,37 @@ import os, signal, sys
 import storage.index_file as m
 
 class KillAfter:
-    def __init__(self, inner, calls, skip_offset=None):
-        self.inner, self.left, self.skip_offset = inner, calls, skip_offset
+    def __init__(self, inner, calls):
+        self.inner, self.left = inner, calls
     def __getattr__(self, name):
         return getattr(self.inner, name)
     def pack_into(self, *args):
         self.inner.pack_into(*args)
-        if args[1] == self.skip_offset:
-            return
         self.left -= 1
         if self.left == 0:
             os.kill(os.getpid(), signal.SIGKILL)
+
+# SIGKILL right after the calls-th committed write (m._store) of the given kinds:
+# "header_body" (offset 0), "count" (indexCount) or "slot".
+def kill_after_stores(calls, kinds):
+    real, left = m._store, [calls]
+    def store(mm, pos, data):
+        real(mm, pos, data)
+        kind = "header_body" if pos == 0 else "count" if pos == m._INDEX_COUNT_AT else "slot"
+        if kind in kinds:
+            left[0] -= 1
+            if left[0] == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+    m._store = store
 
 directory, n, stage, at = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 if stage == "entry":
     m._ENTRY = KillAfter(m._ENTRY, at)
 elif stage == "slot":
-    # Count slot writes only: the same Struct also writes indexCount.
-    m._I32 = KillAfter(m._I32, at, skip_offset=m._INDEX_COUNT_AT)
+    kill_after_stores(at, {"slot"})
 elif stage == "header_body":
     # The header is written once per message (three keys).
-    m._HEADER_BODY = KillAfter(m._HEADER_BODY, max(1, at // 3))
+    kill_after_stores(max(1, at // 3), {"header_body"})
 svc = m.IndexService(directory, SLOTS, ENTRIES)
 svc.load()
 T = 1_700_000_000_123
@@ -479,7 +489,7 @@ for i in range(n):
     if i % 25 == 0:
         print(i, flush=True)
 if stage == "trim":
-    m._I32 = KillAfter(m._I32, 2)  # indexCount, the commit point, then one slot put back
+    kill_after_stores(2, {"count", "slot"})  # indexCount, the commit point, then one slot back
     svc.trim_to(at * 100)
 svc.close()
 print("done", flush=True)
