@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 PERFKIT ?= ../shared/perfkit
 RUN_DIR ?= .run
 
-.PHONY: venv run test lint typecheck pytest bench clean
+PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto
+
+.PHONY: venv run test lint typecheck pytest bench clean protos verify-protos
 
 venv: $(STAMP)
 
@@ -35,7 +37,18 @@ typecheck: venv
 pytest: venv
 	$(PY) -m pytest
 
-test: lint typecheck pytest
+# Generated from the repo root so the stubs import each other as protos.<name>_pb2.
+protos: venv
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. $(PROTOS)
+
+# The checked-in stubs must be exactly what the pinned generator makes of the .proto files.
+verify-protos: venv
+	rm -rf .protos-check && mkdir -p .protos-check
+	$(PY) -m grpc_tools.protoc -I. --python_out=.protos-check --grpc_python_out=.protos-check $(PROTOS)
+	diff -r -x __pycache__ -x '*.proto' -x '__init__.py' -x 'errors.py' protos .protos-check/protos
+	rm -rf .protos-check
+
+test: lint typecheck verify-protos pytest
 
 # Prints JSON lines: the project's store figures and, measured in the same run, the perfkit ceiling.
 bench: venv

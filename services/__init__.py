@@ -1,0 +1,1 @@
+"""The tidemq processes: nameserver and broker, and the runtime they share."""

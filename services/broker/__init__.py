@@ -1,0 +1,1 @@
+"""The broker process: the gRPC Broker service over an embedded MessageStore."""

@@ -1,0 +1,55 @@
+"""``tidemq broker``: flags and a TOML config file, flags winning."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+
+from services.broker import config as broker_config
+from services.broker.server import serve
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("broker", help="run a broker")
+    p.add_argument("--config", help="TOML file with BrokerConfig keys")
+    p.add_argument("--cluster")
+    p.add_argument("--broker-name")
+    p.add_argument("--broker-id", type=int)
+    p.add_argument("--role", choices=["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"])
+    p.add_argument("--listen", help="HOST:PORT of the Broker service")
+    p.add_argument("--advertise", help="HOST:PORT clients are told to use (default --listen)")
+    p.add_argument("--store", dest="store_dir", help="store directory")
+    p.add_argument("--nameserver", dest="nameservers", help="HOST:PORT[,HOST:PORT...]")
+    p.add_argument("--flush", choices=["ASYNC", "SYNC"])
+    p.add_argument("--auto-create-topics", action="store_true", default=None)
+    p.add_argument("--register-interval-ms", type=int)
+    p.add_argument(
+        "--store-overrides",
+        help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = (
+        "cluster",
+        "broker_name",
+        "broker_id",
+        "role",
+        "listen",
+        "advertise",
+        "store_dir",
+        "nameservers",
+        "flush",
+        "auto_create_topics",
+        "register_interval_ms",
+    )
+    overrides = {k: getattr(args, k) for k in keys}
+    if args.store_overrides:
+        overrides["store_overrides"] = json.loads(args.store_overrides)
+    cfg = broker_config.load(args.config, overrides)
+    logging.getLogger().setLevel(logging.INFO)
+    asyncio.run(serve(cfg))
+    return 0

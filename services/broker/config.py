@@ -1,0 +1,104 @@
+"""Broker configuration: a TOML file (``--config``) and/or flags, validated once."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.config import FlushMode
+from storage.errors import ConfigError
+
+
+class BrokerRole(enum.Enum):
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    store_dir: str
+    cluster: str = "DefaultCluster"
+    broker_name: str = "broker-a"
+    broker_id: int = 0
+    role: BrokerRole = BrokerRole.ASYNC_MASTER
+    listen: str = "127.0.0.1:10911"
+    # The address clients are told to use; defaults to ``listen``.
+    advertise: str = ""
+    nameservers: tuple[str, ...] = ()
+    flush: FlushMode = FlushMode.ASYNC
+    auto_create_topics: bool = False
+    default_queue_nums: int = 8
+    register_interval_ms: int = 30_000
+    offset_flush_interval_ms: int = 5_000
+    client_expiry_ms: int = 120_000
+    long_poll_max_ms: int = 30_000
+    max_batch_messages: int = 1024
+    shutdown_grace_ms: int = 5_000
+    # Store layout overrides (tests use tiny files); None keeps the store's defaults.
+    store_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.store_dir:
+            problems.append("store_dir is required")
+        if not self.cluster or not self.broker_name:
+            problems.append("cluster and broker_name must be non-empty")
+        if self.broker_id < 0:
+            problems.append("broker_id must be >= 0")
+        if (self.broker_id == 0) == (self.role is BrokerRole.SLAVE):
+            problems.append("broker_id 0 is the master; a SLAVE needs broker_id > 0")
+        addresses = [("listen", self.listen), ("advertise", self.advertise)]
+        addresses += [("nameserver", n) for n in self.nameservers]
+        for what, value in addresses:
+            if value and not _is_address(value):
+                problems.append(f"{what} {value!r} must be HOST:PORT")
+        for name in (
+            "register_interval_ms",
+            "offset_flush_interval_ms",
+            "client_expiry_ms",
+            "long_poll_max_ms",
+            "max_batch_messages",
+            "default_queue_nums",
+        ):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        if problems:
+            raise ConfigError("invalid broker config: " + "; ".join(problems))
+
+    @property
+    def advertised(self) -> str:
+        return self.advertise or self.listen
+
+
+def _is_address(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host.strip("[]") and port.isdigit() and 0 < int(port) < 65536)
+
+
+def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
+    """A config from a TOML file (if given) with non-None ``overrides`` on top."""
+    values: dict[str, Any] = {}
+    if path:
+        with open(path, "rb") as f:
+            values.update(tomllib.load(f))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(BrokerConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown broker config keys: {', '.join(unknown)}")
+    if isinstance(values.get("role"), str):
+        values["role"] = BrokerRole(values["role"].upper())
+    if isinstance(values.get("flush"), str):
+        values["flush"] = FlushMode(values["flush"].upper())
+    if isinstance(values.get("nameservers"), str):
+        values["nameservers"] = tuple(n for n in values["nameservers"].split(",") if n)
+    elif "nameservers" in values:
+        values["nameservers"] = tuple(values["nameservers"])
+    try:
+        return BrokerConfig(**values)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"invalid broker config: {e}") from None

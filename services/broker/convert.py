@@ -1,0 +1,75 @@
+"""Between protobuf messages and the store's types. No I/O."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from protos import broker_pb2, common_pb2
+from services.errors import invalid
+from storage import Message, PutStatus, StoredMessage
+from storage.record import make_msg_id
+
+SEND_STATUS = {
+    PutStatus.PUT_OK: broker_pb2.SEND_OK,
+    PutStatus.FLUSH_DISK_TIMEOUT: broker_pb2.FLUSH_DISK_TIMEOUT,
+    PutStatus.FLUSH_SLAVE_TIMEOUT: broker_pb2.FLUSH_SLAVE_TIMEOUT,
+    PutStatus.SLAVE_NOT_AVAILABLE: broker_pb2.SLAVE_NOT_AVAILABLE,
+}
+
+
+def host_str(host: tuple[bytes, int]) -> str:
+    ip = ipaddress.ip_address(host[0])
+    return f"[{ip}]:{host[1]}" if ip.version == 6 else f"{ip}:{host[1]}"
+
+
+def to_store_message(m: common_pb2.Message, born_host: tuple[bytes, int]) -> Message:
+    props = dict(m.properties)
+    for reserved in ("TAGS", "KEYS"):
+        if reserved in props:
+            raise invalid(
+                f"property {reserved} is set by the tag and keys fields",
+                common_pb2.INVALID_PROPERTY,
+            )
+    return Message(
+        topic=m.topic,
+        body=m.body,
+        queue_id=m.queue_id,
+        tags=m.tag or None,
+        keys=tuple(m.keys),
+        properties=props,
+        flag=m.flag,
+        born_timestamp_ms=m.born_timestamp_ms,
+        born_host=born_host,
+    )
+
+
+def to_proto(m: StoredMessage) -> common_pb2.StoredMessage:
+    return common_pb2.StoredMessage(
+        topic=m.topic,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        commitlog_offset=m.phy_offset,
+        size=m.size,
+        body=m.body,
+        tag=m.tags or "",
+        keys=m.keys,
+        properties={k: v for k, v in m.properties.items() if k not in ("TAGS", "KEYS")},
+        msg_id=make_msg_id(m.store_host, m.phy_offset),
+        born_timestamp_ms=m.born_timestamp_ms,
+        store_timestamp_ms=m.store_timestamp_ms,
+        born_host=host_str(m.born_host),
+        store_host=host_str(m.store_host),
+        reconsume_times=m.reconsume_times,
+        flag=m.flag,
+    )
+
+
+def parse_tag_expression(expr: str) -> list[str] | None:
+    """``"*"`` or empty -> None (everything); ``"a || b"`` -> ["a", "b"]."""
+    expr = expr.strip()
+    if not expr or expr == "*":
+        return None
+    tags = [t.strip() for t in expr.split("||")]
+    if any(not t or "*" in t for t in tags):
+        raise invalid(f"bad tag expression {expr!r}", common_pb2.INVALID_TAG_EXPRESSION)
+    return tags

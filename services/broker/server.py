@@ -1,0 +1,163 @@
+"""The broker process: opens the store, serves the Broker service, registers with nameservers,
+persists consumer offsets, and on SIGTERM stops accepting, drains, closes the store (flush,
+dispatch, checkpoint, abort file removed) and unregisters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from protos import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from services.broker.clients import ClientRegistry
+from services.broker.config import BrokerConfig
+from services.broker.long_polling import PullWaiters
+from services.broker.offsets import OffsetManager
+from services.broker.servicer import BrokerServicer, broker_info, topic_protos
+from services.broker.topics import TopicManager
+from storage import MessageStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+REGISTER_TIMEOUT_S = 5.0
+
+
+class Broker:
+    """One running broker; ``start`` and ``stop`` are the lifecycle, both on the event loop."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.store = MessageStore(
+            StoreConfig(
+                config.store_dir,
+                flush_mode=config.flush,
+                store_host=config.advertised,
+                **config.store_overrides,
+            )
+        )
+        self.topics = TopicManager(config.store_dir)
+        self.offsets = OffsetManager(config.store_dir)
+        self.clients = ClientRegistry(expiry_ms=config.client_expiry_ms)
+        self.server: grpc.aio.Server | None = None
+        self.servicer: BrokerServicer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._register_now = asyncio.Event()
+        self.bound_port = 0
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.store.open)
+        waiters = PullWaiters(loop)
+        self.store.add_dispatch_listener(waiters.notify)
+        self.servicer = BrokerServicer(
+            self.config,
+            self.store,
+            self.topics,
+            self.offsets,
+            self.clients,
+            waiters,
+            on_topics_changed=self._register_now.set,
+        )
+        self.server = grpc.aio.server()
+        broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, self.server)
+        self.bound_port = self.server.add_insecure_port(self.config.listen)
+        if not self.bound_port:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        await self.server.start()
+        self._tasks = [
+            asyncio.create_task(self._every(self.config.offset_flush_interval_ms, self._persist)),
+            asyncio.create_task(self._every(10_000, self._expire_clients)),
+            asyncio.create_task(self._register_loop()),
+        ]
+        log.info(
+            "broker %s/%d serving on %s (store %s)",
+            self.config.broker_name,
+            self.config.broker_id,
+            self.config.listen,
+            self.config.store_dir,
+        )
+
+    async def _every(self, period_ms: int, fn: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(period_ms / 1000)
+            try:
+                await fn()
+            except Exception:  # a periodic task's failure is logged and retried next period
+                log.exception("periodic task %s failed", fn.__name__)
+
+    async def _persist(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.offsets.persist)
+
+    async def _expire_clients(self) -> None:
+        gone = self.clients.expire(time.time_ns() // 1_000_000)
+        if gone:
+            log.info("clients expired: %s", gone)
+
+    async def _register_loop(self) -> None:
+        while True:
+            await self.register_all()
+            self._register_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._register_now.wait(), self.config.register_interval_ms / 1000
+                )
+
+    async def register_all(self) -> None:
+        request = nameserver_pb2.RegisterBrokerRequest(
+            broker=broker_info(self.config, self.topics), topics=topic_protos(self.topics)
+        )
+        await asyncio.gather(*(self._register(ns, request) for ns in self.config.nameservers))
+
+    async def _register(self, nameserver: str, request: object) -> None:
+        try:
+            async with grpc.aio.insecure_channel(nameserver) as channel:
+                stub = nameserver_pb2_grpc.NameServerStub(channel)
+                await stub.RegisterBroker(request, timeout=REGISTER_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            log.warning("registering with nameserver %s failed: %s", nameserver, e.details())
+
+    async def _unregister_all(self) -> None:
+        info = broker_info(self.config, self.topics)
+        request = nameserver_pb2.UnregisterBrokerRequest(
+            identity=info.identity, address=info.address
+        )
+        for ns in self.config.nameservers:
+            try:
+                async with grpc.aio.insecure_channel(ns) as channel:
+                    await nameserver_pb2_grpc.NameServerStub(channel).UnregisterBroker(
+                        request, timeout=REGISTER_TIMEOUT_S
+                    )
+            except grpc.aio.AioRpcError as e:
+                log.warning("unregistering from nameserver %s failed: %s", ns, e.details())
+
+    async def stop(self) -> None:
+        """Graceful: refuse new work, let calls in flight finish, then close the store cleanly."""
+        if self.servicer is not None:
+            self.servicer.shutting_down = True
+            self.servicer.waiters.wake_all()
+        for t in self._tasks:
+            t.cancel()
+        if self.server is not None:
+            await self.server.stop(self.config.shutdown_grace_ms / 1000)
+        await self._unregister_all()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.offsets.persist)
+        await loop.run_in_executor(None, self.store.close)
+        log.info("broker %s stopped cleanly", self.config.broker_name)
+
+
+async def serve(config: BrokerConfig) -> None:
+    broker = Broker(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    print(f"tidemq broker {config.broker_name} listening on {config.listen}", flush=True)
+    await stop.wait()
+    await broker.stop()

@@ -1,0 +1,390 @@
+"""The Broker gRPC service: decode, validate, call the store or a state table, encode.
+
+Every handler fails through ``abort_with``, so a bad request gets a typed status and never an
+opaque UNKNOWN, and never changes anything before it is fully validated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from protos import broker_pb2, broker_pb2_grpc, common_pb2
+from services.broker.clients import ClientRegistry
+from services.broker.config import BrokerConfig, BrokerRole
+from services.broker.convert import SEND_STATUS, parse_tag_expression, to_proto, to_store_message
+from services.broker.long_polling import PullWaiters
+from services.broker.offsets import OffsetManager
+from services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
+from services.errors import ServiceError, abort_with, invalid, not_found
+from storage import MessageStore
+from storage.config import parse_host
+from storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Handler = Callable[..., Awaitable[R]]
+
+MAX_PULL_MESSAGES = 1024
+DEFAULT_PULL_MESSAGES = 32
+DEFAULT_PULL_BYTES = 4 << 20
+
+
+def typed_errors(fn: Handler[R]) -> Handler[R]:
+    """Any exception a handler raises becomes a typed status (unknown ones: INTERNAL, logged)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as e:
+            if not isinstance(e, ServiceError) and type(e).__module__.split(".")[0] != "storage":
+                log.exception("%s failed", fn.__name__)
+            await abort_with(context, e)
+
+    return wrapper
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: MessageStore,
+        topics: TopicManager,
+        offsets: OffsetManager,
+        clients: ClientRegistry,
+        waiters: PullWaiters,
+        on_topics_changed: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.topics = topics
+        self.offsets = offsets
+        self.clients = clients
+        self.waiters = waiters
+        self.on_topics_changed = on_topics_changed
+        self.shutting_down = False
+
+    # ------------------------------------------------------------------ helpers
+    def _topic(self, name: str, *, for_write: bool) -> TopicConfig:
+        cfg = self.topics.get(name)
+        if cfg is None and for_write and self.config.auto_create_topics:
+            n = self.config.default_queue_nums
+            try:
+                self.topics.upsert(TopicConfig(name, n, n))
+            except ValueError as e:
+                raise invalid(str(e), common_pb2.INVALID_TOPIC) from None
+            self.on_topics_changed()
+            cfg = self.topics.get(name)
+        if cfg is None:
+            raise not_found(
+                f"topic {name!r} does not exist on this broker", common_pb2.TOPIC_NOT_FOUND
+            )
+        need = PERM_WRITE if for_write else PERM_READ
+        if not cfg.perm & need:
+            raise ServiceError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                common_pb2.NO_PERMISSION,
+                f"topic {name!r} is not {'writable' if for_write else 'readable'} here",
+            )
+        return cfg
+
+    def _check_queue(self, cfg: TopicConfig, queue_id: int, *, for_write: bool) -> None:
+        limit = cfg.write_queue_nums if for_write else cfg.read_queue_nums
+        if not 0 <= queue_id < limit:
+            raise invalid(
+                f"queue {queue_id} of {cfg.topic!r} does not exist (0..{limit - 1})",
+                common_pb2.INVALID_QUEUE_ID,
+            )
+
+    def _ensure_running(self) -> None:
+        if self.shutting_down:
+            raise ServiceError(
+                grpc.StatusCode.UNAVAILABLE,
+                common_pb2.SHUTTING_DOWN,
+                "broker is shutting down",
+                retriable=True,
+            )
+
+    # ------------------------------------------------------------------ send
+    @typed_errors
+    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._ensure_running()
+        if self.config.role is BrokerRole.SLAVE:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.NOT_MASTER,
+                "this broker is a slave; send to the master of its group",
+                retriable=True,
+            )
+        if not request.messages:
+            raise invalid("a send carries at least one message")
+        if len(request.messages) > self.config.max_batch_messages:
+            raise invalid(f"at most {self.config.max_batch_messages} messages per send")
+        born = _peer_host(context.peer())
+        batch = []
+        for m in request.messages:
+            cfg = self._topic(m.topic, for_write=True)
+            self._check_queue(cfg, m.queue_id, for_write=True)
+            batch.append(to_store_message(m, born))
+        put = self.store.put_messages(batch)
+        status = await asyncio.wrap_future(put.durable)
+        wire = SEND_STATUS[status]
+        return broker_pb2.SendMessageResponse(
+            results=[
+                broker_pb2.SendResult(
+                    status=wire,
+                    msg_id=r.msg_id,
+                    queue_id=m.queue_id,
+                    queue_offset=r.queue_offset,
+                    commitlog_offset=r.phy_offset,
+                )
+                for r, m in zip(put.results, batch, strict=True)
+            ],
+            broker_name=self.config.broker_name,
+        )
+
+    # ------------------------------------------------------------------ pull
+    @typed_errors
+    async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._ensure_running()
+        if request.offset < 0:
+            raise invalid(f"offset {request.offset} is negative")
+        if request.max_messages < 0 or request.max_bytes < 0 or request.long_poll_timeout_ms < 0:
+            raise invalid("max_messages, max_bytes and long_poll_timeout_ms must be >= 0")
+        cfg = self._topic(request.topic, for_write=False)
+        self._check_queue(cfg, request.queue_id, for_write=False)
+        tags = parse_tag_expression(request.tag_expression)
+        max_n = min(request.max_messages or DEFAULT_PULL_MESSAGES, MAX_PULL_MESSAGES)
+        max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
+        wait_ms = min(request.long_poll_timeout_ms, self.config.long_poll_max_ms)
+        deadline = time.monotonic() + wait_ms / 1000
+        topic, qid = request.topic, request.queue_id
+        while True:
+            woken = self.waiters.register(topic, qid)
+            try:
+                got = self.store.get_messages(topic, qid, request.offset, max_n, max_bytes, tags)
+            except OffsetBelowMinError as e:
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.OFFSET_TOO_SMALL,
+                    next_offset=e.min_offset,
+                    min_offset=e.min_offset,
+                    max_offset=self.store.max_offset(topic, qid),
+                )
+            except OffsetBeyondMaxError as e:
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.OFFSET_OVERFLOW,
+                    next_offset=e.max_offset,
+                    min_offset=self.store.min_offset(topic, qid),
+                    max_offset=e.max_offset,
+                )
+            if got.messages or got.next_offset > request.offset:
+                status = broker_pb2.FOUND if got.messages else broker_pb2.NO_MATCHED_MESSAGE
+                return broker_pb2.PullMessageResponse(
+                    status=status,
+                    messages=[to_proto(m) for m in got.messages],
+                    next_offset=got.next_offset,
+                    min_offset=got.min_offset,
+                    max_offset=got.max_offset,
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self.shutting_down:
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.NO_NEW_MESSAGE,
+                    next_offset=request.offset,
+                    min_offset=got.min_offset,
+                    max_offset=got.max_offset,
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), remaining)
+
+    # ------------------------------------------------------------------ lookups
+    @typed_errors
+    async def QueryMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._topic(request.topic, for_write=False)
+        if not request.key:
+            raise invalid("key is required")
+        end = request.end_timestamp_ms or 2**63 - 1
+        found = self.store.query_by_key(
+            request.topic,
+            request.key,
+            request.begin_timestamp_ms,
+            end,
+            request.max_messages or 32,
+        )
+        return broker_pb2.QueryMessageResponse(messages=[to_proto(m) for m in found])
+
+    @typed_errors
+    async def ViewMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return broker_pb2.ViewMessageResponse(
+            message=to_proto(self.store.get_message_by_id(request.msg_id))
+        )
+
+    @typed_errors
+    async def GetQueueOffsets(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        cfg = self._topic(request.topic, for_write=False)
+        ids = list(request.queue_ids) or list(range(cfg.read_queue_nums))
+        for q in ids:
+            self._check_queue(cfg, q, for_write=False)
+        return broker_pb2.GetQueueOffsetsResponse(
+            queues=[
+                broker_pb2.QueueOffsets(
+                    queue_id=q,
+                    min_offset=self.store.min_offset(cfg.topic, q),
+                    max_offset=self.store.max_offset(cfg.topic, q),
+                )
+                for q in ids
+            ]
+        )
+
+    @typed_errors
+    async def SearchOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        cfg = self._topic(request.topic, for_write=False)
+        self._check_queue(cfg, request.queue_id, for_write=False)
+        return broker_pb2.SearchOffsetResponse(
+            offset=self.store.offset_by_time(cfg.topic, request.queue_id, request.timestamp_ms)
+        )
+
+    # ------------------------------------------------------------------ clients and offsets
+    @typed_errors
+    async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not request.client_id:
+            raise invalid("client_id is required")
+        now = _now_ms()
+        for c in request.consumers:
+            if not c.group:
+                raise invalid("consumer group name is required")
+            subs = {s.topic: s.tag_expression or "*" for s in c.subscriptions}
+            for expr in subs.values():
+                parse_tag_expression(expr)
+            self.clients.heartbeat(request.client_id, c.group, c.mode, subs, now)
+        return broker_pb2.HeartbeatResponse()
+
+    @typed_errors
+    async def UnregisterClient(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.clients.unregister(request.client_id)
+        return broker_pb2.UnregisterClientResponse()
+
+    @typed_errors
+    async def GetConsumerList(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not request.group:
+            raise invalid("group is required")
+        return broker_pb2.GetConsumerListResponse(
+            client_ids=self.clients.members(request.group, _now_ms())
+        )
+
+    @typed_errors
+    async def CommitOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not request.group:
+            raise invalid("group is required")
+        if request.offset < 0:
+            raise invalid(f"offset {request.offset} is negative")
+        cfg = self._topic(request.topic, for_write=False)
+        self._check_queue(cfg, request.queue_id, for_write=False)
+        self.offsets.commit(request.group, request.topic, request.queue_id, request.offset)
+        return broker_pb2.CommitOffsetResponse()
+
+    @typed_errors
+    async def QueryConsumerOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not request.group:
+            raise invalid("group is required")
+        offset = self.offsets.query(request.group, request.topic, request.queue_id)
+        return broker_pb2.QueryConsumerOffsetResponse(found=offset is not None, offset=offset or 0)
+
+    # ------------------------------------------------------------------ topics
+    @typed_errors
+    async def CreateTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        t = request.topic
+        cfg = TopicConfig(
+            topic=t.topic,
+            read_queue_nums=t.read_queue_nums or self.config.default_queue_nums,
+            write_queue_nums=t.write_queue_nums or self.config.default_queue_nums,
+            perm=t.perm or 6,
+            order=t.order,
+            attributes=dict(t.attributes),
+        )
+        try:
+            created = self.topics.upsert(cfg)
+        except ValueError as e:
+            raise invalid(str(e), common_pb2.INVALID_TOPIC) from None
+        self.on_topics_changed()
+        return broker_pb2.CreateTopicResponse(topic=_topic_proto(cfg), created=created)
+
+    @typed_errors
+    async def DeleteTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if not self.topics.delete(request.topic):
+            raise not_found(f"topic {request.topic!r} does not exist", common_pb2.TOPIC_NOT_FOUND)
+        self.on_topics_changed()
+        return broker_pb2.DeleteTopicResponse()
+
+    @typed_errors
+    async def ListTopics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return broker_pb2.ListTopicsResponse(topics=[_topic_proto(t) for t in self.topics.all()])
+
+    @typed_errors
+    async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        st = self.store.stats()
+        return broker_pb2.GetBrokerStatusResponse(
+            broker=broker_info(self.config, self.topics),
+            store=broker_pb2.StoreStatus(
+                commitlog_min_offset=st.commitlog_min_offset,
+                commitlog_max_offset=st.commitlog_max_offset,
+                flushed_offset=st.flushed_offset,
+                dispatched_offset=st.dispatched_offset,
+                disk_usage_ratio=st.disk_usage_ratio,
+                writable=st.writable,
+            ),
+            running=not self.shutting_down,
+        )
+
+
+def _topic_proto(t: TopicConfig) -> Any:
+    return common_pb2.TopicConfig(
+        topic=t.topic,
+        read_queue_nums=t.read_queue_nums,
+        write_queue_nums=t.write_queue_nums,
+        perm=t.perm,
+        order=t.order,
+        attributes=t.attributes,
+    )
+
+
+def topic_protos(topics: TopicManager) -> list[Any]:
+    return [_topic_proto(t) for t in topics.all()]
+
+
+def broker_info(config: BrokerConfig, topics: TopicManager) -> Any:
+    dv = topics.data_version
+    return common_pb2.BrokerInfo(
+        identity=common_pb2.BrokerIdentity(
+            cluster=config.cluster, broker_name=config.broker_name, broker_id=config.broker_id
+        ),
+        address=config.advertised,
+        role=common_pb2.BrokerRole.Value(config.role.value),
+        data_version=common_pb2.DataVersion(
+            state_version=dv.state_version, counter=dv.counter, timestamp_ms=dv.timestamp_ms
+        ),
+    )
+
+
+def _peer_host(peer: str) -> tuple[bytes, int]:
+    """gRPC peer strings look like "ipv4:127.0.0.1:5555" or "ipv6:[::1]:5555"."""
+    _, _, rest = peer.partition(":")
+    try:
+        return parse_host(rest)
+    except Exception:  # noqa: BLE001 - a peer we cannot parse (unix socket) is recorded as 0.0.0.0
+        return (bytes(4), 0)

@@ -1,0 +1,101 @@
+"""Topic configurations of one broker, persisted as ``{store}/config/topics.json``.
+
+State only, no gRPC: create, update, delete, look up; every change bumps the data version (what
+the broker registers with the nameservers) and is written atomically before it is answered.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+from storage.atomic_file import read_json_with_fallback, write_json_atomic
+from storage.record import validate_topic
+
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_RW = PERM_READ | PERM_WRITE
+MAX_QUEUES = 1024
+
+
+@dataclass
+class TopicConfig:
+    topic: str
+    read_queue_nums: int = 8
+    write_queue_nums: int = 8
+    perm: int = PERM_RW
+    order: bool = False
+    attributes: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        validate_topic(self.topic)
+        for name in ("read_queue_nums", "write_queue_nums"):
+            n = getattr(self, name)
+            if not 1 <= n <= MAX_QUEUES:
+                raise ValueError(f"{name} must be 1..{MAX_QUEUES}, got {n}")
+        if self.perm & ~(PERM_RW | 1) or self.perm < 0:
+            raise ValueError(f"perm {self.perm} is not a combination of 4 (read), 2 (write), 1")
+
+
+@dataclass
+class DataVersion:
+    state_version: int = 0
+    counter: int = 0
+    timestamp_ms: int = 0
+
+    def bump(self) -> None:
+        self.counter += 1
+        self.timestamp_ms = time.time_ns() // 1_000_000
+
+
+class TopicManager:
+    def __init__(self, store_dir: str) -> None:
+        self.path = os.path.join(store_dir, "config", "topics.json")
+        self._lock = threading.Lock()
+        self.topics: dict[str, TopicConfig] = {}
+        self.data_version = DataVersion()
+        raw = read_json_with_fallback(self.path)
+        if raw:
+            for t in raw.get("topics", []):
+                cfg = TopicConfig(**t)
+                self.topics[cfg.topic] = cfg
+            self.data_version = DataVersion(**raw.get("data_version", {}))
+
+    def _persist(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        write_json_atomic(
+            self.path,
+            {
+                "topics": [asdict(t) for t in sorted(self.topics.values(), key=lambda t: t.topic)],
+                "data_version": asdict(self.data_version),
+            },
+        )
+
+    def get(self, topic: str) -> TopicConfig | None:
+        return self.topics.get(topic)
+
+    def upsert(self, cfg: TopicConfig) -> bool:
+        """Create or update; returns True when created. Raises ValueError on a bad config."""
+        cfg.validate()
+        with self._lock:
+            created = cfg.topic not in self.topics
+            if not created and self.topics[cfg.topic] == cfg:
+                return False
+            self.topics = {**self.topics, cfg.topic: cfg}
+            self.data_version.bump()
+            self._persist()
+            return created
+
+    def delete(self, topic: str) -> bool:
+        with self._lock:
+            if topic not in self.topics:
+                return False
+            self.topics = {k: v for k, v in self.topics.items() if k != topic}
+            self.data_version.bump()
+            self._persist()
+            return True
+
+    def all(self) -> list[TopicConfig]:
+        return sorted(self.topics.values(), key=lambda t: t.topic)

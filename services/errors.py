@@ -1,0 +1,148 @@
+"""Typed errors on the wire: one table from our exceptions to (gRPC status, ErrorCode, retriable),
+and the helper every servicer uses to fail a call with them.
+
+A servicer never lets an exception escape as an opaque UNKNOWN: it raises ``ServiceError`` (or a
+storage error) and ``abort_with`` turns it into a status plus the ``ErrorDetail`` trailer that the
+SDK maps back to an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NoReturn
+
+import grpc
+
+from protos import common_pb2
+from protos.errors import error_metadata
+from storage import errors as store_errors
+
+E = common_pb2
+
+
+@dataclass(frozen=True)
+class Wire:
+    status: grpc.StatusCode
+    code: int  # common_pb2.ErrorCode value
+    retriable: bool
+
+
+class ServiceError(Exception):
+    """An error a servicer answers on purpose, with its wire form."""
+
+    def __init__(
+        self,
+        status: grpc.StatusCode,
+        code: int,
+        message: str,
+        *,
+        retriable: bool = False,
+        min_offset: int = 0,
+        max_offset: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.retriable = retriable
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+
+def invalid(message: str, code: int = E.INVALID_ARGUMENT) -> ServiceError:
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, code, message)
+
+
+def not_found(message: str, code: int) -> ServiceError:
+    return ServiceError(grpc.StatusCode.NOT_FOUND, code, message)
+
+
+# Storage error class -> wire form. Subclasses come before their bases: the first match wins.
+_STORE: list[tuple[type[store_errors.StoreError], Wire]] = [
+    (
+        store_errors.BodyTooLargeError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.BODY_TOO_LARGE, False),
+    ),
+    (
+        store_errors.InvalidTopicError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_TOPIC, False),
+    ),
+    (
+        store_errors.PropertiesTooLargeError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.PROPERTIES_SIZE_EXCEEDED, False),
+    ),
+    (
+        store_errors.InvalidPropertyError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_PROPERTY, False),
+    ),
+    (
+        store_errors.InvalidQueueIdError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_QUEUE_ID, False),
+    ),
+    (
+        store_errors.MessageIllegalError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_ARGUMENT, False),
+    ),
+    (
+        store_errors.InvalidMessageIdError,
+        Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_MESSAGE_ID, False),
+    ),
+    (
+        store_errors.MessageNotFoundError,
+        Wire(grpc.StatusCode.NOT_FOUND, E.MESSAGE_NOT_FOUND, False),
+    ),
+    (store_errors.DiskFullError, Wire(grpc.StatusCode.RESOURCE_EXHAUSTED, E.DISK_FULL, True)),
+    (
+        store_errors.StoreNotWritableError,
+        Wire(grpc.StatusCode.UNAVAILABLE, E.STORE_NOT_WRITABLE, True),
+    ),
+    (store_errors.StoreClosedError, Wire(grpc.StatusCode.UNAVAILABLE, E.SHUTTING_DOWN, True)),
+    (store_errors.CorruptRecordError, Wire(grpc.StatusCode.DATA_LOSS, E.CORRUPT_RECORD, False)),
+    (store_errors.CorruptStoreError, Wire(grpc.StatusCode.DATA_LOSS, E.CORRUPT_RECORD, False)),
+    (
+        store_errors.OffsetBelowMinError,
+        Wire(grpc.StatusCode.OUT_OF_RANGE, E.INVALID_ARGUMENT, False),
+    ),
+    (
+        store_errors.OffsetBeyondMaxError,
+        Wire(grpc.StatusCode.OUT_OF_RANGE, E.INVALID_ARGUMENT, False),
+    ),
+]
+
+
+def to_service_error(exc: BaseException) -> ServiceError:
+    """The wire form of any exception; unknown ones are INTERNAL (and a bug to fix)."""
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, store_errors.StoreError):
+        for cls, wire in _STORE:
+            if isinstance(exc, cls):
+                lo = getattr(exc, "min_offset", 0)
+                hi = getattr(exc, "max_offset", 0)
+                return ServiceError(
+                    wire.status,
+                    wire.code,
+                    str(exc),
+                    retriable=wire.retriable,
+                    min_offset=lo,
+                    max_offset=hi,
+                )
+        return ServiceError(grpc.StatusCode.INTERNAL, E.INTERNAL, str(exc), retriable=exc.retriable)
+    return ServiceError(grpc.StatusCode.INTERNAL, E.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+
+def detail_of(err: ServiceError) -> common_pb2.ErrorDetail:
+    return common_pb2.ErrorDetail(
+        code=err.code,
+        message=str(err),
+        retriable=err.retriable,
+        min_offset=err.min_offset,
+        max_offset=err.max_offset,
+    )
+
+
+async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+    """Fail the call with the typed wire form of ``exc``."""
+    err = to_service_error(exc)
+    context.set_trailing_metadata(error_metadata(detail_of(err)))
+    await context.abort(err.status, str(err))
+    raise AssertionError("unreachable: context.abort raises")

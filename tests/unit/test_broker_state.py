@@ -1,0 +1,109 @@
+"""The broker's state tables and config, without sockets."""
+
+from pathlib import Path
+
+import pytest
+
+from services.broker.clients import ClientRegistry
+from services.broker.config import BrokerRole, load
+from services.broker.convert import parse_tag_expression
+from services.broker.offsets import OffsetManager
+from services.broker.topics import TopicConfig, TopicManager
+from services.errors import ServiceError
+from storage.errors import ConfigError, InvalidTopicError
+
+pytestmark = pytest.mark.unit
+
+
+def test_topics_persist_atomically_and_bump_the_data_version(tmp_path: Path) -> None:
+    tm = TopicManager(str(tmp_path))
+    assert tm.upsert(TopicConfig("orders", 4, 4))
+    v1 = tm.data_version.counter
+    assert not tm.upsert(TopicConfig("orders", 4, 4))  # unchanged: no new version
+    assert tm.data_version.counter == v1
+    assert not tm.upsert(TopicConfig("orders", 8, 8))  # updated, not created
+    assert tm.data_version.counter == v1 + 1
+    again = TopicManager(str(tmp_path))
+    assert again.get("orders") == TopicConfig("orders", 8, 8)
+    assert again.data_version.counter == v1 + 1
+    assert again.delete("orders") and not again.delete("orders")
+    assert TopicManager(str(tmp_path)).get("orders") is None
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [TopicConfig("orders", 0, 4), TopicConfig("orders", 4, 2000), TopicConfig("orders", 4, 4, 8)],
+)
+def test_bad_topic_configs_are_refused(tmp_path: Path, cfg: TopicConfig) -> None:
+    with pytest.raises(ValueError, match=r"queue_nums|perm"):
+        TopicManager(str(tmp_path)).upsert(cfg)
+
+
+def test_bad_topic_name_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidTopicError):
+        TopicManager(str(tmp_path)).upsert(TopicConfig("no spaces"))
+
+
+def test_offsets_survive_a_restart_after_persist(tmp_path: Path) -> None:
+    om = OffsetManager(str(tmp_path))
+    om.commit("g", "orders", 0, 42)
+    om.commit("g", "orders", 1, 7)
+    assert om.persist() and not om.persist()  # nothing new the second time
+    again = OffsetManager(str(tmp_path))
+    assert again.query("g", "orders", 0) == 42
+    assert again.query("g", "orders", 1) == 7
+    assert again.query("other", "orders", 0) is None
+
+
+def test_group_members_expire_and_are_sorted() -> None:
+    reg = ClientRegistry(expiry_ms=1000)
+    reg.heartbeat("c2", "g", 1, {"orders": "*"}, now_ms=0)
+    reg.heartbeat("c1", "g", 1, {"orders": "*"}, now_ms=500)
+    assert reg.members("g", now_ms=900) == ["c1", "c2"]
+    assert reg.members("g", now_ms=1200) == ["c1"]
+    assert reg.expire(now_ms=1200) == ["c2"]
+    reg.unregister("c1")
+    assert reg.members("g", now_ms=1200) == []
+
+
+@pytest.mark.parametrize(
+    ("expr", "tags"), [("*", None), ("", None), ("a", ["a"]), (" a || b ", ["a", "b"])]
+)
+def test_tag_expressions(expr: str, tags: list[str] | None) -> None:
+    assert parse_tag_expression(expr) == tags
+
+
+@pytest.mark.parametrize("expr", ["a ||", "|| b", "a || * "])
+def test_bad_tag_expressions(expr: str) -> None:
+    with pytest.raises(ServiceError):
+        parse_tag_expression(expr)
+
+
+def test_config_from_toml_with_flags_on_top(tmp_path: Path) -> None:
+    f = tmp_path / "broker.toml"
+    f.write_text(
+        'store_dir = "/var/lib/tidemq"\nbroker_name = "b1"\nrole = "sync_master"\n'
+        'nameservers = ["10.0.0.1:9876", "ns2.example:9876"]\n'
+    )
+    cfg = load(str(f), {"broker_name": "b2", "listen": None})
+    assert (cfg.broker_name, cfg.role, cfg.listen) == (
+        "b2",
+        BrokerRole.SYNC_MASTER,
+        "127.0.0.1:10911",
+    )
+    assert cfg.nameservers == ("10.0.0.1:9876", "ns2.example:9876")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"store_dir": "/s", "role": "SLAVE", "broker_id": 0},
+        {"store_dir": "/s", "broker_id": 2},
+        {"store_dir": "/s", "listen": "nowhere"},
+        {"store_dir": "/s", "nameservers": "a:1,b"},
+        {"store_dir": "/s", "colour": "blue"},
+    ],
+)
+def test_bad_configs_are_refused_once(overrides: dict[str, object]) -> None:
+    with pytest.raises(ConfigError):
+        load(None, overrides)
