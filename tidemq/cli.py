@@ -10,6 +10,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+from services.broker import cli as broker_cli
+from services.nameserver import server as nameserver_server
 from storage import FlushMode, Message, MessageStore, StoreConfig
 from storage.atomic_file import read_json_with_fallback
 from storage.check import check_store, dump_records
@@ -142,13 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--key-prefix", help="give message i the key PREFIX<i>")
     u.add_argument("--sync", action="store_true", help="sync flush (group commit)")
     u.set_defaults(func=cmd_store_put)
+
+    broker_cli.add_parser(sub)
+
+    n = sub.add_parser("nameserver", help=nameserver_server.DESCRIPTION)
+    nameserver_server.add_arguments(n)
+    n.set_defaults(func=nameserver_server.run)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Servers log their lifecycle (bound address, expiries) by default; offline tools stay quiet.
+    server = args.command == "nameserver"
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if args.verbose or server else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:

@@ -37,6 +37,7 @@ class BrokerConfig:
     client_expiry_ms: int = 120_000
     long_poll_max_ms: int = 30_000
     max_batch_messages: int = 1024
+    max_request_bytes: int = 64 << 20
     shutdown_grace_ms: int = 5_000
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
@@ -62,6 +63,7 @@ class BrokerConfig:
             "client_expiry_ms",
             "long_poll_max_ms",
             "max_batch_messages",
+            "max_request_bytes",
             "default_queue_nums",
         ):
             if getattr(self, name) <= 0:

@@ -63,7 +63,15 @@ class Broker:
             waiters,
             on_topics_changed=self._register_now.set,
         )
-        self.server = grpc.aio.server()
+        # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
+        # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
+        limit = self.config.max_request_bytes
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+            ]
+        )
         broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, self.server)
         self.bound_port = self.server.add_insecure_port(self.config.listen)
         if not self.bound_port:

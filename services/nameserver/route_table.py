@@ -1,0 +1,348 @@
+"""The nameserver's route table (RocketMQ's ``RouteInfoManager``) as pure state.
+
+No I/O, no asyncio, no gRPC: the caller passes the clock in (``now_ms``) and owns concurrency.
+The embedded registry drives one table from one asyncio loop, so nothing here locks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+MASTER_ID = 0  # as RocketMQ's MixAll.MASTER_ID: broker id 0 is its group's master
+
+
+class BrokerRole(enum.IntEnum):
+    """Same numbers as ``tidemq.v1.BrokerRole`` so the servicer converts by value."""
+
+    ASYNC_MASTER = 1
+    SYNC_MASTER = 2
+    SLAVE = 3
+
+
+@dataclass(frozen=True, order=True)
+class DataVersion:
+    """A broker's topic-config version. Ordered field by field, as RocketMQ compares them."""
+
+    state_version: int = 0
+    counter: int = 0
+    timestamp_ms: int = 0
+
+
+@dataclass(frozen=True)
+class TopicQueues:
+    """One topic as a broker group serves it: RocketMQ's QueueData without the broker name."""
+
+    topic: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int  # bitwise OR of tidemq.v1.Permission (6 = read and write)
+
+
+@dataclass(frozen=True)
+class BrokerRegistration:
+    """One heartbeat: who the broker is, where it listens, and (from a master) its topics."""
+
+    cluster: str
+    broker_name: str  # the broker group: one master (id 0) and its slaves
+    broker_id: int
+    address: str  # host:port of the Broker service
+    ha_address: str  # host:port slaves replicate from; "" when the broker serves none
+    role: BrokerRole
+    epoch: int
+    data_version: DataVersion = DataVersion()
+    topics: tuple[TopicQueues, ...] = ()
+
+
+@dataclass(frozen=True)
+class BrokerRef:
+    """Names one broker in the table, e.g. one that was expired."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    address: str
+
+
+@dataclass(frozen=True)
+class QueueData:
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+
+
+@dataclass(frozen=True)
+class BrokerData:
+    """A broker group as clients see it."""
+
+    cluster: str
+    broker_name: str
+    addresses: dict[int, str]  # broker id -> Broker service address; 0 is the master
+    ha_addresses: dict[int, str]  # broker id -> replication address (only brokers that have one)
+    epoch: int
+
+
+@dataclass(frozen=True)
+class TopicRoute:
+    topic: str
+    queues: list[QueueData]  # sorted by broker name
+    brokers: list[BrokerData]  # exactly the groups named in ``queues``, same order
+
+
+@dataclass(frozen=True)
+class BrokerLive:
+    registration: BrokerRegistration  # the broker's latest accepted registration
+    last_update_ms: int
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    cluster: str
+    groups: list[BrokerData]  # sorted by broker name
+    brokers: list[BrokerLive]  # sorted by (broker name, broker id)
+
+
+class MasterAddresses(NamedTuple):
+    """What a registration answers: the group's master, or empty strings when it has none."""
+
+    address: str
+    ha_address: str
+
+
+class RegistrationRejected(Exception):
+    """A registration the table refuses; the table is left consistent."""
+
+
+class StaleEpochError(RegistrationRejected):
+    """A broker claimed id 0 with an epoch older than its group's (apache/rocketmq#6316)."""
+
+    def __init__(self, reg: BrokerRegistration, group_epoch: int, master_address: str) -> None:
+        super().__init__(
+            f"broker {reg.address} claims master of {reg.broker_name!r} with epoch {reg.epoch}, "
+            f"but the group is at epoch {group_epoch}"
+            + (f" (master {master_address})" if master_address else "")
+        )
+        self.epoch = reg.epoch
+        self.group_epoch = group_epoch
+        self.master_address = master_address
+
+
+class ClusterMismatchError(RegistrationRejected):
+    """A broker group name registered under a second cluster: a misconfigured broker."""
+
+
+@dataclass
+class _Group:
+    cluster: str
+    broker_name: str
+    epoch: int  # the highest epoch any accepted registration of this group carried
+    members: dict[int, str] = field(default_factory=dict)  # broker id -> address
+    topics: set[str] = field(default_factory=set)  # topics this group has queue data for
+
+
+@dataclass
+class _Live:
+    registration: BrokerRegistration
+    last_update_ms: int
+
+
+class RouteTable:
+    """Which broker groups serve which topic, fed by broker registrations.
+
+    Rules (RocketMQ's RouteInfoManager, spec §6.1, with the epoch fencing of apache/rocketmq#6316):
+
+    - A group's queue data for its topics comes only from its master's registration (id 0).
+      Our RegisterBroker carries the broker's full topic set, so a master's registration replaces
+      its group's queue data (a topic deleted on the broker leaves the route at the next
+      heartbeat). Topics from a slave's registration are ignored.
+    - A group's queue data stays while any member of the group is alive, so consumers can still
+      read from slaves when the master is gone; it goes when the last member leaves.
+    - A registration from a known address refreshes its last-update time. An address that shows
+      up under another (group, id) moves there: a slave promoted to master leaves id 1 for id 0.
+    - When a second address claims an id, the newer registration takes it and the displaced
+      address leaves the table, except that a claim of id 0 with an epoch below the group's epoch
+      is refused (``StaleEpochError``) and that address leaves the table: an old master coming
+      back must never displace, or be served beside, the newer one. Equal epochs (classic
+      master/slave, where every epoch is 0) let the newest claim win, as in RocketMQ.
+    - A group's epoch is the highest epoch any accepted registration of the group carried (a
+      slave reports the epoch of the master it follows). It is kept while any member is alive,
+      so an old master is fenced even after its successor has gone silent, as long as the group
+      still has a member; RocketMQ compares only with a live id-0 holder.
+
+    Invariants, true after every public call:
+
+    - every address belongs to exactly one (group, id), and every (group, id) to one address;
+    - every group has at least one member (a group whose last member leaves is deleted);
+    - every topic has queue data from at least one group, and every group named in a topic's
+      queue data exists: so every route lists at least one live broker per group it names;
+    - a group keeps one cluster for its whole life.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[str, _Live] = {}  # address -> latest registration and its time
+        self._groups: dict[str, _Group] = {}  # broker name -> group
+        self._queues: dict[str, dict[str, QueueData]] = {}  # topic -> broker name -> queue data
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def register(self, reg: BrokerRegistration, now_ms: int) -> MasterAddresses:
+        """Record a heartbeat; answers the group's master addresses.
+
+        Raises ``ClusterMismatchError`` (table untouched) or ``StaleEpochError`` (the stale
+        address has been removed from the table).
+        """
+        group = self._groups.get(reg.broker_name)
+        if group is not None and group.cluster != reg.cluster:
+            raise ClusterMismatchError(
+                f"broker group {reg.broker_name!r} belongs to cluster {group.cluster!r}, "
+                f"not {reg.cluster!r}"
+            )
+        if group is not None and reg.broker_id == MASTER_ID and reg.epoch < group.epoch:
+            self._remove_address(reg.address)
+            raise StaleEpochError(reg, group.epoch, group.members.get(MASTER_ID, ""))
+
+        previous = self._live.get(reg.address)
+        if previous is not None:
+            old = previous.registration
+            if (old.broker_name, old.broker_id) != (reg.broker_name, reg.broker_id):
+                if old.broker_name == reg.broker_name:
+                    # Same group, new id (a slave promoted to master): vacate the old id without
+                    # the group-deletion cascade, since this address is about to rejoin it.
+                    assert group is not None
+                    del group.members[old.broker_id]
+                else:
+                    self._remove_address(reg.address)
+
+        if group is None:
+            group = self._groups[reg.broker_name] = _Group(reg.cluster, reg.broker_name, reg.epoch)
+        displaced = group.members.get(reg.broker_id)
+        if displaced is not None and displaced != reg.address:
+            del self._live[displaced]
+        group.members[reg.broker_id] = reg.address
+        group.epoch = max(group.epoch, reg.epoch)
+
+        if reg.broker_id == MASTER_ID:
+            self._set_queue_data(group, reg.topics)
+        self._live[reg.address] = _Live(reg, now_ms)
+        return self._master_of(group)
+
+    def unregister(self, cluster: str, broker_name: str, broker_id: int, address: str) -> bool:
+        """Remove a broker that is shutting down; False when no such broker is registered.
+
+        Only the exact (cluster, group, id, address) is removed, so the shutdown of an address
+        that has already been displaced cannot take its successor out of the routes.
+        """
+        live = self._live.get(address)
+        if live is None:
+            return False
+        reg = live.registration
+        if (reg.cluster, reg.broker_name, reg.broker_id) != (cluster, broker_name, broker_id):
+            return False
+        self._remove_address(address)
+        return True
+
+    def expire(self, now_ms: int, timeout_ms: int) -> list[BrokerRef]:
+        """Remove every broker silent for longer than ``timeout_ms``; returns those removed."""
+        silent = [
+            _ref(live.registration)
+            for live in self._live.values()
+            if live.last_update_ms + timeout_ms < now_ms
+        ]
+        for ref in silent:
+            self._remove_address(ref.address)
+        return sorted(silent, key=lambda r: (r.cluster, r.broker_name, r.broker_id))
+
+    # -- queries -----------------------------------------------------------------------------
+
+    def route(self, topic: str) -> TopicRoute | None:
+        """The groups serving ``topic``, or None when none does."""
+        by_group = self._queues.get(topic)
+        if not by_group:
+            return None
+        names = sorted(by_group)
+        return TopicRoute(
+            topic=topic,
+            queues=[by_group[name] for name in names],
+            brokers=[self._broker_data(self._groups[name]) for name in names],
+        )
+
+    def cluster_info(self) -> list[ClusterInfo]:
+        """Every live group and broker, grouped by cluster (sorted by name throughout)."""
+        clusters: dict[str, list[_Group]] = {}
+        for group in self._groups.values():
+            clusters.setdefault(group.cluster, []).append(group)
+        result = []
+        for cluster in sorted(clusters):
+            groups = sorted(clusters[cluster], key=lambda g: g.broker_name)
+            brokers = []
+            for group in groups:
+                for broker_id in sorted(group.members):
+                    live = self._live[group.members[broker_id]]
+                    brokers.append(BrokerLive(live.registration, live.last_update_ms))
+            result.append(ClusterInfo(cluster, [self._broker_data(g) for g in groups], brokers))
+        return result
+
+    def lookup(self, address: str) -> BrokerRef | None:
+        """Which broker ``address`` currently is, if it is registered."""
+        live = self._live.get(address)
+        return None if live is None else _ref(live.registration)
+
+    def broker_count(self) -> int:
+        return len(self._live)
+
+    def topics(self) -> list[str]:
+        """Every topic some group serves, sorted."""
+        return sorted(self._queues)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _remove_address(self, address: str) -> None:
+        live = self._live.pop(address, None)
+        if live is None:
+            return
+        reg = live.registration
+        group = self._groups[reg.broker_name]
+        if group.members.get(reg.broker_id) == address:
+            del group.members[reg.broker_id]
+        if not group.members:
+            self._set_queue_data(group, ())
+            del self._groups[reg.broker_name]
+
+    def _set_queue_data(self, group: _Group, topics: tuple[TopicQueues, ...]) -> None:
+        wanted = {t.topic: t for t in topics}
+        for topic in group.topics - wanted.keys():
+            by_group = self._queues[topic]
+            del by_group[group.broker_name]
+            if not by_group:
+                del self._queues[topic]  # a topic with no groups left disappears
+        for t in wanted.values():
+            self._queues.setdefault(t.topic, {})[group.broker_name] = QueueData(
+                group.broker_name, t.read_queue_nums, t.write_queue_nums, t.perm
+            )
+        group.topics = set(wanted)
+
+    def _master_of(self, group: _Group) -> MasterAddresses:
+        address = group.members.get(MASTER_ID)
+        if address is None:
+            return MasterAddresses("", "")
+        return MasterAddresses(address, self._live[address].registration.ha_address)
+
+    def _broker_data(self, group: _Group) -> BrokerData:
+        ha = {}
+        for broker_id, address in group.members.items():
+            ha_address = self._live[address].registration.ha_address
+            if ha_address:
+                ha[broker_id] = ha_address
+        return BrokerData(
+            cluster=group.cluster,
+            broker_name=group.broker_name,
+            addresses=dict(sorted(group.members.items())),
+            ha_addresses=dict(sorted(ha.items())),
+            epoch=group.epoch,
+        )
+
+
+def _ref(reg: BrokerRegistration) -> BrokerRef:
+    return BrokerRef(reg.cluster, reg.broker_name, reg.broker_id, reg.address)

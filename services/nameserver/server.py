@@ -1,0 +1,155 @@
+"""The nameserver process: a grpc.aio server with the NameServer and gRPC health services over an
+embedded registry, running until SIGTERM or SIGINT.
+
+``tidemq nameserver --listen HOST:PORT`` runs it (``tidemq.cli``), as does
+``python -m services.nameserver.server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from protos import nameserver_pb2, nameserver_pb2_grpc
+from services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig
+from services.nameserver.servicer import NameServerServicer, parse_host_port
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN = "127.0.0.1:9876"  # RocketMQ's nameserver port
+GRACE_PERIOD_S = 5.0  # in-flight calls get this long to finish at shutdown
+SERVICE_NAME: str = nameserver_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
+
+
+DESCRIPTION = "run a nameserver on the embedded registry (brokers register by heartbeat)"
+
+
+class StartupError(Exception):
+    """The nameserver cannot start (bad --listen, port taken); one line for the operator."""
+
+
+async def serve(
+    listen: str = DEFAULT_LISTEN,
+    registry_config: EmbeddedRegistryConfig | None = None,
+    *,
+    grace_period_s: float = GRACE_PERIOD_S,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until ``stop`` is set; without one, until SIGTERM or SIGINT.
+
+    Port 0 in ``listen`` binds any free port; the bound address is logged either way.
+    """
+    try:
+        host, _ = parse_host_port(listen, allow_port_zero=True)
+    except ValueError as e:
+        raise StartupError(f"--listen {e}") from None
+
+    registry = EmbeddedRegistry(registry_config)
+    server = grpc.aio.server()
+    nameserver_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as e:  # grpc raises RuntimeError("Failed to bind to address ...")
+        await server.stop(None)
+        raise StartupError(f"cannot listen on {listen}: {e}") from None
+
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT) if stop is None else ()
+    stop = stop or asyncio.Event()
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await registry.start()
+        await server.start()
+        for service in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
+            await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+        config = registry.config
+        log.info(
+            "nameserver serving on %s:%d "
+            "(embedded registry, broker expiry %d ms, scan every %d ms)",
+            host,
+            port,
+            config.broker_expiry_ms,
+            config.scan_interval_ms,
+        )
+        await stop.wait()
+        log.info("nameserver stopping (grace period %.1f s)", grace_period_s)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        # NOT_SERVING first, so load balancers and probes move away before the port closes.
+        await health_servicer.enter_graceful_shutdown()
+        await server.stop(grace_period_s)
+        await registry.stop()
+    log.info("nameserver stopped")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = EmbeddedRegistryConfig()
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free port)",
+    )
+    parser.add_argument(
+        "--broker-expiry-ms",
+        type=_positive_int,
+        default=defaults.broker_expiry_ms,
+        metavar="N",
+        help=f"drop a broker silent this long (default {defaults.broker_expiry_ms})",
+    )
+    parser.add_argument(
+        "--scan-interval-ms",
+        type=_positive_int,
+        default=defaults.scan_interval_ms,
+        metavar="N",
+        help=f"how often to look for silent brokers (default {defaults.scan_interval_ms})",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run with parsed arguments (``add_arguments``); the exit code."""
+    config = EmbeddedRegistryConfig(
+        broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms
+    )
+    try:
+        asyncio.run(serve(args.listen, config))
+    except StartupError as e:
+        print(f"tidemq nameserver: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tidemq nameserver", description=DESCRIPTION)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    # A server logs its lifecycle by default; a no-op when the CLI has configured logging.
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
