@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +160,23 @@ def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
 StartNameServer = Callable[..., NameServerProcess]
 
 
+def stop_all(started: Sequence[ServiceProcess], request: pytest.FixtureRequest) -> None:
+    """SIGTERM what is still running (each must exit in time), and print every process's log
+    when the test failed."""
+    problems = []
+    for p in started:
+        if p.proc.poll() is None:
+            try:
+                p.terminate()
+            except AssertionError as e:
+                problems.append(str(e))
+    reports = request.node.stash.get(_REPORTS, {})
+    if any(r.failed for r in reports.values()):
+        for p in started:
+            print(f"----- {p.log_path.name} ({p.address}) -----\n{p.log()}")
+    assert not problems, "\n".join(problems)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -187,18 +204,7 @@ def start_nameserver(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
         return ns
 
     yield start
-
-    problems = []
-    for ns in started:
-        try:
-            ns.terminate()
-        except AssertionError as e:
-            problems.append(str(e))
-    reports = request.node.stash.get(_REPORTS, {})
-    if any(r.failed for r in reports.values()):
-        for ns in started:
-            print(f"----- {ns.log_path.name} ({ns.address}) -----\n{ns.log()}")
-    assert not problems, "\n".join(problems)
+    stop_all(started, request)
 
 
 StartBroker = Callable[..., BrokerProcess]
@@ -221,19 +227,7 @@ def start_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sta
         return b
 
     yield start
-
-    problems = []
-    for b in started:
-        if b.proc.poll() is None:
-            try:
-                b.terminate()
-            except AssertionError as e:
-                problems.append(str(e))
-    reports = request.node.stash.get(_REPORTS, {})
-    if any(r.failed for r in reports.values()):
-        for b in started:
-            print(f"----- {b.log_path.name} ({b.address}) -----\n{b.log()}")
-    assert not problems, "\n".join(problems)
+    stop_all(started, request)
 
 
 @pytest.fixture
