@@ -19,13 +19,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Until the broker processes land, the main job is the store itself: append 10,000 messages
-# (group commit), verify every record, queue entry and index entry offline, show a few.
+# The main job: a local cluster (nameserver + broker on loopback, embedded registry) until
+# Ctrl-C. Data stays in $(RUN_DIR)/dev, so running it again keeps every message and offset.
 run: venv
-	$(VENV)/bin/tidemq store put $(RUN_DIR)/store --topic orders --count 10000 --queues 4 \
-		--tags created --key-prefix order- --sync
-	$(VENV)/bin/tidemq store check $(RUN_DIR)/store
-	$(VENV)/bin/tidemq store dump $(RUN_DIR)/store --topic orders --limit 5
+	$(VENV)/bin/tidemq dev --data $(RUN_DIR)/dev
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -50,9 +47,11 @@ verify-protos: venv
 
 test: lint typecheck verify-protos pytest
 
-# Prints JSON lines: the project's store figures and, measured in the same run, the perfkit ceiling.
+# Prints JSON lines: the project's store and services figures and, measured in the same run,
+# the perfkit ceilings (mmap append; gRPC batch and unary).
 bench: venv
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache

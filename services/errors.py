@@ -8,10 +8,12 @@ SDK maps back to an exception.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from protos import common_pb2
 from protos.errors import error_metadata
@@ -146,3 +148,48 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     context.set_trailing_metadata(error_metadata(detail_of(err)))
     await context.abort(err.status, str(err))
     raise AssertionError("unreachable: context.abort raises")
+
+
+def add_servicer(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` with a generated ``add_*Servicer_to_server`` function, but decode
+    each request inside the handler.
+
+    gRPC itself answers bytes it cannot decode (corrupt wire format, a string that is not UTF-8)
+    with an opaque UNKNOWN and logs a traceback; here they get INVALID_ARGUMENT and the typed
+    ErrorDetail, like any other bad input."""
+    capture = _HandlerCapture()
+    add(servicer, capture)
+    handlers = {name: _decode_in_handler(h) for name, h in capture.handlers.items()}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(capture.service, handlers),)
+    )
+    server.add_registered_method_handlers(capture.service, handlers)
+
+
+class _HandlerCapture:
+    """Stands in for a server to receive what a generated ``add_*`` function registers."""
+
+    service = ""
+    handlers: dict[str, Any]
+
+    def add_generic_rpc_handlers(self, _handlers: object) -> None:
+        pass  # the same handlers arrive in add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def _decode_in_handler(handler: Any) -> Any:
+    decode = handler.request_deserializer
+    behavior = handler.unary_unary
+    if decode is None or behavior is None:  # only unary calls are wrapped; none stream yet
+        return handler
+
+    async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = decode(raw)
+        except DecodeError as e:
+            await abort_with(context, invalid(f"the request is not a valid message: {e}"))
+        return await behavior(request, context)
+
+    return handler._replace(request_deserializer=None, unary_unary=unary_unary)

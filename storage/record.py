@@ -246,6 +246,10 @@ def prepare(
             raise InvalidPropertyError(f"key {k!r} must be non-empty, free of spaces, \\x01, \\x02")
     keys = " ".join(msg.keys)
     if msg.properties:
+        if PROP_RECORD_CRC in msg.properties:
+            # The store's own: a reader drops it, and without record CRCs a client's copy
+            # ending the properties would be checked as the record CRC and fail it as corrupt.
+            raise InvalidPropertyError(f"property {PROP_RECORD_CRC} is reserved")
         props = dict(msg.properties)
         if msg.tags:
             props[PROP_TAGS] = msg.tags
@@ -583,4 +587,7 @@ def parse_msg_id(msg_id: str) -> tuple[tuple[bytes, int], int]:
         )
     addr_len = len(raw) - 12
     port, offset = struct.unpack_from(">iq", raw, addr_len)
+    if not 0 <= port <= 65_535 or offset < 0:
+        # make_msg_id never writes these: the id was forged or damaged, not merely stale.
+        raise InvalidMessageIdError(f"message id {msg_id!r} holds port {port}, offset {offset}")
     return (raw[:addr_len], port), offset

@@ -16,6 +16,8 @@ from storage import FlushMode, Message, MessageStore, StoreConfig
 from storage.atomic_file import read_json_with_fallback
 from storage.check import check_store, dump_records
 from storage.errors import StoreError
+from tidemq import cli_client, dev
+from tidemq.errors import TidemqError
 
 
 def _store_config(directory: str, **overrides: object) -> StoreConfig:
@@ -146,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     u.set_defaults(func=cmd_store_put)
 
     broker_cli.add_parser(sub)
+    dev.add_parser(sub)
+    cli_client.add_parsers(sub)
 
     n = sub.add_parser("nameserver", help=nameserver_server.DESCRIPTION)
     nameserver_server.add_arguments(n)
@@ -154,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    dev.die_with_parent()
     args = build_parser().parse_args(argv)
     # Servers log their lifecycle (bound address, expiries) by default; offline tools stay quiet.
     server = args.command == "nameserver"
@@ -166,6 +171,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StoreError as e:
         print(f"tidemq: {e.code}: {e}", file=sys.stderr)
         return 2
+    except TidemqError as e:
+        print(f"tidemq: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"tidemq: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     except BrokenPipeError:
         return 0
     return rc

@@ -26,6 +26,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--auto-create-topics", action="store_true", default=None)
     p.add_argument("--register-interval-ms", type=int)
     p.add_argument(
+        "--metrics-listen", help="HOST:PORT to serve Prometheus /metrics on (default: none)"
+    )
+    p.add_argument(
+        "--zk",
+        dest="zk_hosts",
+        metavar="HOSTS",
+        help="register in ZooKeeper, HOST:PORT[,HOST:PORT...][/chroot] (default: heartbeats only)",
+    )
+    p.add_argument("--zk-root", metavar="PATH", help="registry root znode (default /tidemq)")
+    p.add_argument(
+        "--zk-session-timeout-ms",
+        type=int,
+        metavar="N",
+        help="ZooKeeper session timeout: how long a killed broker stays routed (default 10000)",
+    )
+    p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
@@ -45,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
         "flush",
         "auto_create_topics",
         "register_interval_ms",
+        "zk_hosts",
+        "zk_root",
+        "zk_session_timeout_ms",
+        "metrics_listen",
     )
     overrides = {k: getattr(args, k) for k in keys}
     if args.store_overrides:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.nameserver import zk_format
 from storage.config import FlushMode
 from storage.errors import ConfigError
 
@@ -39,6 +41,14 @@ class BrokerConfig:
     max_batch_messages: int = 1024
     max_request_bytes: int = 64 << 20
     shutdown_grace_ms: int = 5_000
+    # HOST:PORT of the Prometheus /metrics endpoint; empty serves none.
+    metrics_listen: str = ""
+    # ZooKeeper registry: HOST:PORT[,HOST:PORT...][/chroot]. Set, the broker keeps an ephemeral
+    # znode under <zk_root> (beside heartbeats to ``nameservers``, if any); empty, heartbeats only.
+    zk_hosts: str = ""
+    zk_root: str = zk_format.DEFAULT_ROOT
+    # A SIGKILLed broker leaves the routes this long after its death (plus up to 2 server ticks).
+    zk_session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -53,6 +63,7 @@ class BrokerConfig:
         if (self.broker_id == 0) == (self.role is BrokerRole.SLAVE):
             problems.append("broker_id 0 is the master; a SLAVE needs broker_id > 0")
         addresses = [("listen", self.listen), ("advertise", self.advertise)]
+        addresses.append(("metrics_listen", self.metrics_listen))
         addresses += [("nameserver", n) for n in self.nameservers]
         for what, value in addresses:
             if value and not _is_address(value):
@@ -68,8 +79,29 @@ class BrokerConfig:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
+        problems += self._zk_problems()
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
+
+    def _zk_problems(self) -> list[str]:
+        checks: list[Callable[[], object]] = [
+            lambda: zk_format.check_root(self.zk_root),
+            lambda: zk_format.check_session_timeout_ms(self.zk_session_timeout_ms),
+        ]
+        if self.zk_hosts:
+            checks.append(lambda: zk_format.check_hosts(self.zk_hosts))
+            checks.append(
+                lambda: zk_format.node_path(
+                    self.zk_root, self.cluster, self.broker_name, self.broker_id
+                )
+            )
+        problems = []
+        for check in checks:
+            try:
+                check()
+            except zk_format.ZooKeeperConfigError as e:
+                problems.append(str(e))
+        return problems
 
     @property
     def advertised(self) -> str:

@@ -23,8 +23,9 @@ def host_str(host: tuple[bytes, int]) -> str:
 
 
 def to_store_message(m: common_pb2.Message, born_host: tuple[bytes, int]) -> Message:
-    props = dict(m.properties)
-    for reserved in ("TAGS", "KEYS"):
+    # Most messages carry no properties: skip building and scanning an empty map.
+    props = dict(m.properties) if m.properties else {}
+    for reserved in ("TAGS", "KEYS") if props else ():
         if reserved in props:
             raise invalid(
                 f"property {reserved} is set by the tag and keys fields",
@@ -35,7 +36,7 @@ def to_store_message(m: common_pb2.Message, born_host: tuple[bytes, int]) -> Mes
         body=m.body,
         queue_id=m.queue_id,
         tags=m.tag or None,
-        keys=tuple(m.keys),
+        keys=tuple(m.keys) if m.keys else (),
         properties=props,
         flag=m.flag,
         born_timestamp_ms=m.born_timestamp_ms,

@@ -22,8 +22,14 @@ class PullWaiters:
         return ev
 
     def notify(self, topic: str, queue_id: int, _max_offset: int) -> None:
-        """Called from the dispatch thread."""
-        self._loop.call_soon_threadsafe(self._wake, topic, queue_id)
+        """Called from the dispatch thread.
+
+        Waking the loop costs a syscall, so queues nobody waits on are skipped. The unlocked
+        look is safe: a waiter registers before it reads the store, and dispatch looks here
+        only after the queue entry is written, so one of the two sees the other.
+        """
+        if (topic, queue_id) in self._events:
+            self._loop.call_soon_threadsafe(self._wake, topic, queue_id)
 
     def _wake(self, topic: str, queue_id: int) -> None:
         ev = self._events.pop((topic, queue_id), None)

@@ -1,6 +1,7 @@
-"""The broker process: opens the store, serves the Broker service, registers with nameservers,
-persists consumer offsets, and on SIGTERM stops accepting, drains, closes the store (flush,
-dispatch, checkpoint, abort file removed) and unregisters."""
+"""The broker process: opens the store, serves the Broker service, registers with nameservers
+(heartbeats) and/or in ZooKeeper (an ephemeral znode, ``zk_registration``), persists consumer
+offsets, and on SIGTERM stops accepting, drains, closes the store (flush, dispatch, checkpoint,
+abort file removed) and unregisters."""
 
 from __future__ import annotations
 
@@ -12,19 +13,24 @@ import time
 from collections.abc import Awaitable, Callable
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerConfig
 from services.broker.long_polling import PullWaiters
+from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
 from services.broker.servicer import BrokerServicer, broker_info, topic_protos
 from services.broker.topics import TopicManager
+from services.broker.zk_registration import ZkRegistration
+from services.errors import add_servicer
 from storage import MessageStore, StoreConfig
 
 log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 5.0
+SERVICE_NAME: str = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 
 
 class Broker:
@@ -41,19 +47,28 @@ class Broker:
             )
         )
         self.topics = TopicManager(config.store_dir)
+        self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
         self.offsets = OffsetManager(config.store_dir)
         self.clients = ClientRegistry(expiry_ms=config.client_expiry_ms)
         self.server: grpc.aio.Server | None = None
         self.servicer: BrokerServicer | None = None
+        self.health: health.aio.HealthServicer | None = None
+        self.metrics: BrokerMetrics | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._register_now = asyncio.Event()
         self.bound_port = 0
+        # Built here so a broker that could never register (a bad name) fails before serving.
+        self.zk = ZkRegistration.for_broker(config, self.topics) if config.zk_hosts else None
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.store.open)
         waiters = PullWaiters(loop)
         self.store.add_dispatch_listener(waiters.notify)
+        if self.config.metrics_listen:
+            self.metrics = BrokerMetrics(
+                self.config, self.store, self.topics, self.clients, self.offsets
+            )
         self.servicer = BrokerServicer(
             self.config,
             self.store,
@@ -62,6 +77,7 @@ class Broker:
             self.clients,
             waiters,
             on_topics_changed=self._register_now.set,
+            metrics=self.metrics,
         )
         # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
         # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
@@ -72,11 +88,20 @@ class Broker:
                 ("grpc.max_send_message_length", limit),
             ]
         )
-        broker_pb2_grpc.add_BrokerServicer_to_server(self.servicer, self.server)
+        add_servicer(broker_pb2_grpc.add_BrokerServicer_to_server, self.servicer, self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.bound_port = self.server.add_insecure_port(self.config.listen)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if self.metrics is not None:
+            port = self.metrics.serve(self.config.metrics_listen)
+            log.info("metrics on http://%s/metrics (port %d)", self.config.metrics_listen, port)
         await self.server.start()
+        for service in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
+            await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        if self.zk is not None:
+            await self.zk.start()
         self._tasks = [
             asyncio.create_task(self._every(self.config.offset_flush_interval_ms, self._persist)),
             asyncio.create_task(self._every(10_000, self._expire_clients)),
@@ -116,6 +141,8 @@ class Broker:
                 )
 
     async def register_all(self) -> None:
+        if self.zk is not None:
+            self.zk.refresh()
         request = nameserver_pb2.RegisterBrokerRequest(
             broker=broker_info(self.config, self.topics), topics=topic_protos(self.topics)
         )
@@ -145,15 +172,24 @@ class Broker:
 
     async def stop(self) -> None:
         """Graceful: refuse new work, let calls in flight finish, then close the store cleanly."""
+        if self.health is not None:
+            # NOT_SERVING first, so probes and load balancers move away before the port closes.
+            await self.health.enter_graceful_shutdown()
         if self.servicer is not None:
             self.servicer.shutting_down = True
             self.servicer.waiters.wake_all()
+        if self.zk is not None:
+            # Out of the routes before draining: new requests are refused from here on anyway.
+            await self.zk.stop()
         for t in self._tasks:
             t.cancel()
         if self.server is not None:
             await self.server.stop(self.config.shutdown_grace_ms / 1000)
         await self._unregister_all()
         loop = asyncio.get_running_loop()
+        if self.metrics is not None:
+            # Before the store closes: a scrape reads the store.
+            await loop.run_in_executor(None, self.metrics.stop)
         await loop.run_in_executor(None, self.offsets.persist)
         await loop.run_in_executor(None, self.store.close)
         log.info("broker %s stopped cleanly", self.config.broker_name)

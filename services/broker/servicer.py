@@ -21,9 +21,10 @@ from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerConfig, BrokerRole
 from services.broker.convert import SEND_STATUS, parse_tag_expression, to_proto, to_store_message
 from services.broker.long_polling import PullWaiters
+from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
 from services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
-from services.errors import ServiceError, abort_with, invalid, not_found
+from services.errors import ServiceError, abort_with, invalid, not_found, to_service_error
 from storage import MessageStore
 from storage.config import parse_host
 from storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
@@ -43,14 +44,21 @@ def typed_errors(fn: Handler[R]) -> Handler[R]:
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        metrics: BrokerMetrics | None = self.metrics
         try:
-            return await fn(self, request, context)
+            response = await fn(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:
             if not isinstance(e, ServiceError) and type(e).__module__.split(".")[0] != "storage":
                 log.exception("%s failed", fn.__name__)
-            await abort_with(context, e)
+            err = to_service_error(e)
+            if metrics is not None:
+                metrics.rpc(fn.__name__, common_pb2.ErrorCode.Name(err.code))
+            await abort_with(context, err)
+        if metrics is not None:
+            metrics.rpc(fn.__name__, "OK")
+        return response
 
     return wrapper
 
@@ -69,6 +77,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         clients: ClientRegistry,
         waiters: PullWaiters,
         on_topics_changed: Callable[[], None],
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -77,6 +86,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.clients = clients
         self.waiters = waiters
         self.on_topics_changed = on_topics_changed
+        self.metrics = metrics
         self.shutting_down = False
 
     # ------------------------------------------------------------------ helpers
@@ -123,6 +133,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ send
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.monotonic()
         self._ensure_running()
         if self.config.role is BrokerRole.SLAVE:
             raise ServiceError(
@@ -144,6 +155,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         put = self.store.put_messages(batch)
         status = await asyncio.wrap_future(put.durable)
         wire = SEND_STATUS[status]
+        if self.metrics is not None:
+            self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)
         return broker_pb2.SendMessageResponse(
             results=[
                 broker_pb2.SendResult(
@@ -161,6 +174,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ pull
     @typed_errors
     async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        response = await self._pull(request)
+        if self.metrics is not None:
+            self.metrics.pulled(
+                request.topic,
+                broker_pb2.PullStatus.Name(response.status),
+                len(response.messages),
+                sum(m.size for m in response.messages),
+            )
+        return response
+
+    async def _pull(self, request: Any) -> Any:
         self._ensure_running()
         if request.offset < 0:
             raise invalid(f"offset {request.offset} is negative")
@@ -209,7 +233,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
                     min_offset=got.min_offset,
                     max_offset=got.max_offset,
                 )
-            with contextlib.suppress(TimeoutError):
+            metrics = self.metrics
+            waiting = metrics.long_poll() if metrics is not None else contextlib.nullcontext()
+            with waiting, contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), remaining)
 
     # ------------------------------------------------------------------ lookups
@@ -218,6 +244,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self._topic(request.topic, for_write=False)
         if not request.key:
             raise invalid("key is required")
+        if request.max_messages < 0:
+            raise invalid(f"max_messages {request.max_messages} is negative")
         end = request.end_timestamp_ms or 2**63 - 1
         found = self.store.query_by_key(
             request.topic,

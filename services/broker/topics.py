@@ -18,6 +18,10 @@ PERM_READ = 4
 PERM_WRITE = 2
 PERM_RW = PERM_READ | PERM_WRITE
 MAX_QUEUES = 1024
+# RocketMQ's AUTO_CREATE_TOPIC_KEY_TOPIC. A broker that creates topics on first send registers
+# this route, so a producer asking for a topic no nameserver knows yet learns which brokers would
+# accept it (and with how many queues) instead of failing with ROUTE_NOT_FOUND.
+AUTO_CREATE_TOPIC = "TBW102"
 
 
 @dataclass
@@ -96,6 +100,14 @@ class TopicManager:
             self.data_version.bump()
             self._persist()
             return True
+
+    def set_auto_create(self, enabled: bool, queue_nums: int) -> None:
+        """Keep the AUTO_CREATE_TOPIC route in step with the broker's setting (it is persisted
+        with the other topics, so turning the setting off must remove it too)."""
+        if enabled:
+            self.upsert(TopicConfig(AUTO_CREATE_TOPIC, queue_nums, queue_nums))
+        else:
+            self.delete(AUTO_CREATE_TOPIC)
 
     def all(self) -> list[TopicConfig]:
         return sorted(self.topics.values(), key=lambda t: t.topic)

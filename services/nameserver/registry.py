@@ -2,9 +2,9 @@
 
 The servicer talks only to ``Registry``. ``EmbeddedRegistry`` (the default, no ZooKeeper) keeps a
 ``RouteTable`` fed by RegisterBroker heartbeats and expires silent brokers, as a RocketMQ
-nameserver does. A ZooKeeper backend (brokers own ephemeral znodes, nameservers watch them) will
-implement the same Protocol; that is why every method is async even though the embedded one
-never waits.
+nameserver does. ``zk_registry.ZooKeeperRegistry`` (brokers own ephemeral znodes, nameservers
+watch them) implements the same Protocol; that is why every method is async even though the
+embedded one never waits.
 """
 
 from __future__ import annotations
@@ -38,8 +38,23 @@ class RegistryStatus:
     detail: str
 
 
+class RegistryUnavailableError(Exception):
+    """The registry has no routes to answer with: its backend has not been read since start.
+
+    Retriable: another nameserver, or this one a little later, can answer.
+    """
+
+
+class HeartbeatsRefusedError(RegistrationRejected):
+    """A RegisterBroker heartbeat to a nameserver whose brokers register elsewhere (ZooKeeper)."""
+
+
 class Registry(Protocol):
-    """What a nameserver needs from its backend. Errors: ``route_table.RegistrationRejected``."""
+    """What a nameserver needs from its backend.
+
+    Errors: ``route_table.RegistrationRejected`` (and its subclasses) from ``register``;
+    ``RegistryUnavailableError`` from ``route`` and ``cluster_info``.
+    """
 
     async def start(self) -> None: ...
 

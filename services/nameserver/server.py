@@ -1,8 +1,12 @@
-"""The nameserver process: a grpc.aio server with the NameServer and gRPC health services over an
-embedded registry, running until SIGTERM or SIGINT.
+"""The nameserver process: a grpc.aio server with the NameServer and gRPC health services over a
+registry, running until SIGTERM or SIGINT.
 
-``tidemq nameserver --listen HOST:PORT`` runs it (``tidemq.cli``), as does
-``python -m services.nameserver.server``.
+The registry is the embedded one (brokers heartbeat to every nameserver) unless ``--zk`` names
+a ZooKeeper ensemble: then brokers keep ephemeral znodes there and this nameserver only reads
+them (``zk_registry``).
+
+``tidemq nameserver --listen HOST:PORT [--zk HOSTS] [--zk-root PATH]`` runs it (``tidemq.cli``),
+as does ``python -m services.nameserver.server``.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from protos import nameserver_pb2, nameserver_pb2_grpc
-from services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig
+from services.errors import add_servicer
+from services.nameserver import zk_format
+from services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig, Registry
 from services.nameserver.servicer import NameServerServicer, parse_host_port
+from services.nameserver.zk_registry import ZooKeeperRegistry, ZooKeeperRegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +35,10 @@ GRACE_PERIOD_S = 5.0  # in-flight calls get this long to finish at shutdown
 SERVICE_NAME: str = nameserver_pb2.DESCRIPTOR.services_by_name["NameServer"].full_name
 
 
-DESCRIPTION = "run a nameserver on the embedded registry (brokers register by heartbeat)"
+DESCRIPTION = (
+    "run a nameserver: on the embedded registry (brokers register by heartbeat), "
+    "or with --zk on ZooKeeper (brokers keep ephemeral znodes, nameservers watch them)"
+)
 
 
 class StartupError(Exception):
@@ -39,11 +49,13 @@ async def serve(
     listen: str = DEFAULT_LISTEN,
     registry_config: EmbeddedRegistryConfig | None = None,
     *,
+    zk_config: ZooKeeperRegistryConfig | None = None,
     grace_period_s: float = GRACE_PERIOD_S,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Serve until ``stop`` is set; without one, until SIGTERM or SIGINT.
 
+    With ``zk_config`` the routes come from ZooKeeper and ``registry_config`` must be None.
     Port 0 in ``listen`` binds any free port; the bound address is logged either way.
     """
     try:
@@ -51,9 +63,26 @@ async def serve(
     except ValueError as e:
         raise StartupError(f"--listen {e}") from None
 
-    registry = EmbeddedRegistry(registry_config)
+    registry: Registry
+    if zk_config is not None:
+        if registry_config is not None:
+            raise StartupError("the embedded registry's settings do not apply with ZooKeeper")
+        registry = ZooKeeperRegistry(zk_config)
+        described = (
+            f"ZooKeeper registry {zk_config.hosts} root {zk_config.root}, "
+            f"session timeout {zk_config.session_timeout_ms} ms"
+        )
+    else:
+        embedded = EmbeddedRegistry(registry_config)
+        registry = embedded
+        described = (
+            f"embedded registry, broker expiry {embedded.config.broker_expiry_ms} ms, "
+            f"scan every {embedded.config.scan_interval_ms} ms"
+        )
     server = grpc.aio.server()
-    nameserver_pb2_grpc.add_NameServerServicer_to_server(NameServerServicer(registry), server)
+    add_servicer(
+        nameserver_pb2_grpc.add_NameServerServicer_to_server, NameServerServicer(registry), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
@@ -72,15 +101,7 @@ async def serve(
         await server.start()
         for service in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-        config = registry.config
-        log.info(
-            "nameserver serving on %s:%d "
-            "(embedded registry, broker expiry %d ms, scan every %d ms)",
-            host,
-            port,
-            config.broker_expiry_ms,
-            config.scan_interval_ms,
-        )
+        log.info("nameserver serving on %s:%d (%s)", host, port, described)
         await stop.wait()
         log.info("nameserver stopping (grace period %.1f s)", grace_period_s)
     finally:
@@ -111,29 +132,78 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help=f"address to serve on (default {DEFAULT_LISTEN}; port 0 picks a free port)",
     )
+    # Defaults of None so that run() can tell a flag given from one left out, and refuse flags
+    # of one registry given with the other.
     parser.add_argument(
         "--broker-expiry-ms",
         type=_positive_int,
-        default=defaults.broker_expiry_ms,
         metavar="N",
-        help=f"drop a broker silent this long (default {defaults.broker_expiry_ms})",
+        help=f"embedded: drop a broker silent this long (default {defaults.broker_expiry_ms})",
     )
     parser.add_argument(
         "--scan-interval-ms",
         type=_positive_int,
-        default=defaults.scan_interval_ms,
         metavar="N",
-        help=f"how often to look for silent brokers (default {defaults.scan_interval_ms})",
+        help=f"embedded: how often to look for silent brokers "
+        f"(default {defaults.scan_interval_ms})",
     )
+    parser.add_argument(
+        "--zk",
+        metavar="HOSTS",
+        help="read brokers from ZooKeeper, HOST:PORT[,HOST:PORT...][/chroot], instead of "
+        "taking heartbeats",
+    )
+    parser.add_argument(
+        "--zk-root",
+        metavar="PATH",
+        help=f"with --zk: the registry's root znode (default {zk_format.DEFAULT_ROOT})",
+    )
+    parser.add_argument(
+        "--zk-session-timeout-ms",
+        type=_positive_int,
+        metavar="N",
+        help="with --zk: this nameserver's session timeout; a silent connection is noticed "
+        f"within 2/3 of it (default {zk_format.DEFAULT_SESSION_TIMEOUT_MS})",
+    )
+
+
+def _configs(
+    args: argparse.Namespace,
+) -> tuple[EmbeddedRegistryConfig | None, ZooKeeperRegistryConfig | None]:
+    embedded = {
+        k: v
+        for k, v in (
+            ("broker_expiry_ms", args.broker_expiry_ms),
+            ("scan_interval_ms", args.scan_interval_ms),
+        )
+        if v is not None
+    }
+    zk = {
+        k: v
+        for k, v in (("root", args.zk_root), ("session_timeout_ms", args.zk_session_timeout_ms))
+        if v is not None
+    }
+    if args.zk is None:
+        if zk:
+            raise StartupError("--zk-root and --zk-session-timeout-ms need --zk")
+        return EmbeddedRegistryConfig(**embedded), None
+    if embedded:
+        raise StartupError(
+            "--broker-expiry-ms and --scan-interval-ms are for the embedded registry; with --zk "
+            "a broker leaves when its ZooKeeper session expires (the broker's "
+            "--zk-session-timeout-ms)"
+        )
+    try:
+        return None, ZooKeeperRegistryConfig(args.zk, **zk)
+    except zk_format.ZooKeeperConfigError as e:
+        raise StartupError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
     """Run with parsed arguments (``add_arguments``); the exit code."""
-    config = EmbeddedRegistryConfig(
-        broker_expiry_ms=args.broker_expiry_ms, scan_interval_ms=args.scan_interval_ms
-    )
     try:
-        asyncio.run(serve(args.listen, config))
+        registry_config, zk_config = _configs(args)
+        asyncio.run(serve(args.listen, registry_config, zk_config=zk_config))
     except StartupError as e:
         print(f"tidemq nameserver: {e}", file=sys.stderr)
         return 2

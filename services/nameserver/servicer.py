@@ -2,7 +2,9 @@
 
 Every failure leaves as a gRPC status plus a typed ``ErrorDetail`` (``services.errors``): bad input
 is INVALID_ARGUMENT, an unknown topic NOT_FOUND/ROUTE_NOT_FOUND, a stale master
-FAILED_PRECONDITION/STALE_EPOCH, and a bug INTERNAL. Nothing escapes as UNKNOWN.
+FAILED_PRECONDITION/STALE_EPOCH, a heartbeat to a nameserver on ZooKeeper
+FAILED_PRECONDITION/INVALID_ARGUMENT, a registry not yet read UNAVAILABLE/ROUTE_NOT_FOUND
+(retriable), and a bug INTERNAL. Nothing escapes as UNKNOWN.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ import grpc
 
 from protos import common_pb2, nameserver_pb2, nameserver_pb2_grpc
 from services.errors import ServiceError, abort_with, invalid, not_found
-from services.nameserver.registry import Registry
+from services.nameserver.registry import (
+    HeartbeatsRefusedError,
+    Registry,
+    RegistryUnavailableError,
+)
 from services.nameserver.route_table import (
     MASTER_ID,
     BrokerData,
@@ -192,8 +198,14 @@ def _wire_error(exc: Exception) -> BaseException:
     if isinstance(exc, StaleEpochError):
         # Not retriable: the broker must learn the new master and come back as a slave.
         return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, E.STALE_EPOCH, str(exc))
-    if isinstance(exc, ClusterMismatchError):
+    if isinstance(exc, ClusterMismatchError | HeartbeatsRefusedError):
+        # Not retriable: the broker is misconfigured, and only its operator can fix that.
         return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, E.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, RegistryUnavailableError):
+        # Retriable: another nameserver, or this one once it has read its registry, can answer.
+        return ServiceError(
+            grpc.StatusCode.UNAVAILABLE, E.ROUTE_NOT_FOUND, str(exc), retriable=True
+        )
     if not isinstance(exc, ServiceError):
         log.exception("nameserver request failed unexpectedly")  # INTERNAL on the wire: a bug
     return exc

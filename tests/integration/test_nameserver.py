@@ -289,3 +289,22 @@ def test_bad_listen_address_is_one_line_and_exit_2() -> None:
     assert done.stderr.strip().splitlines() == [
         "tidemq nameserver: --listen 'localhost' is not HOST:PORT"
     ]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x0a\x05ab",  # field 1 announces 5 bytes, 2 follow
+        b"\x0a\x02\xff\xfe",  # topic that is not UTF-8
+        b"\x0f\x00",  # wire type 7 does not exist
+    ],
+)
+def test_undecodable_request_is_a_typed_invalid_argument(
+    nameserver: NameServerProcess, payload: bytes
+) -> None:
+    call = nameserver.channel().unary_unary("/tidemq.v1.NameServer/QueryRoute")
+    e = rpc_error(lambda: call(payload, timeout=10))
+    assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+    detail = detail_from_metadata(e.trailing_metadata())
+    assert detail is not None and detail.code == common_pb2.INVALID_ARGUMENT
+    assert status(nameserver).registry == "embedded"  # and it still serves

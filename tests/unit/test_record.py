@@ -141,6 +141,9 @@ def test_msg_id_is_host_port_offset_in_uppercase_hex() -> None:
         parse_msg_id("zz")
     with pytest.raises(InvalidMessageIdError):
         parse_msg_id("00" * 10)
+    for port, offset in [(-1, 0), (65_536, 0), (80, -1)]:
+        with pytest.raises(InvalidMessageIdError):
+            parse_msg_id((HOST[0] + struct.pack(">iq", port, offset)).hex())
 
 
 @pytest.mark.parametrize(
@@ -175,6 +178,8 @@ def test_limits() -> None:
         prepare(Message("t", b"", properties={"p": "a\x01b"}), 10, HOST)
     with pytest.raises(InvalidPropertyError):
         prepare(Message("t", b"", keys=["has space"]), 10, HOST)
+    with pytest.raises(InvalidPropertyError):
+        prepare(Message("t", b"", properties={"__CRC32#": "0123456789"}), 10, HOST)
 
 
 def test_whole_record_crc_property_layout() -> None:

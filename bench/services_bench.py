@@ -1,0 +1,210 @@
+"""Services benchmark: ``tidemq bench`` against a local cluster, beside perfkit's gRPC ceilings
+measured in the same run on the same machine.
+
+usage: python bench/services_bench.py --perfkit ../shared/perfkit [--runs 3] [--messages 200000]
+
+Per run, on 1 KiB messages:
+1. a local cluster (``tidemq dev``) with ASYNC flush: ``tidemq bench produce`` (one producer
+   process, the SDK's batching), ``tidemq bench consume`` (a new group reads it all back), and
+   ``tidemq bench produce --unbatched`` (one message per request, one in flight: latency);
+2. the same cluster restarted with SYNC flush: ``tidemq bench produce``;
+3. perfkit's ``grpc_bench.py`` cases batch256_c8 (the batch ceiling) and unary_c1 (the unary
+   latency ceiling) on an aio server.
+
+Prints one JSON object per line (each measurement), and last a ``summary`` with medians, the
+ratios the issue sets goals on, and one boolean per goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIDEMQ = [sys.executable, "-m", "tidemq.cli"]
+START_TIMEOUT_S = 60
+
+
+def emit(obj: dict[str, Any]) -> None:
+    obj.setdefault("load1", round(os.getloadavg()[0], 2))
+    print(json.dumps(obj), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class DevCluster:
+    def __init__(self, data: str, flush: str) -> None:
+        self.nameserver = f"127.0.0.1:{free_port()}"
+        self.log = os.path.join(data, f"dev-{flush}.out")
+        os.makedirs(data, exist_ok=True)
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [
+                    *TIDEMQ,
+                    "dev",
+                    "--data",
+                    data,
+                    "--flush",
+                    flush,
+                    "--nameserver-port",
+                    self.nameserver.rsplit(":", 1)[1],
+                    "--broker-port",
+                    str(free_port()),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while "cluster is up" not in self.output():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"tidemq dev did not start:\n{self.output()}")
+            time.sleep(0.1)
+
+    def output(self) -> str:
+        with open(self.log) as f:
+            return f.read()
+
+    def bench(self, *args: str) -> dict[str, Any]:
+        out = subprocess.run(
+            [*TIDEMQ, "bench", *args, "--json", "--nameserver", self.nameserver],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        )
+        result: dict[str, Any] = json.loads(out.stdout)
+        return result
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
+
+
+def perfkit_ceilings(perfkit: str) -> dict[str, dict[str, Any]]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "grpc_bench.py",
+            "--runs",
+            "1",
+            "--secs",
+            "4",
+            "--servers",
+            "aio",
+            "--cases",
+            "unary_c1,batch256_c8",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=perfkit,
+        check=True,
+    )
+    found = {}
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[len("RESULT ") :])
+            if r.get("bench") == "grpc.median":
+                found[r["case"]] = r
+    return found
+
+
+def one_run(run: int, args: argparse.Namespace, scratch: str) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    size = ["--body-bytes", "1024"]
+    data = os.path.join(scratch, f"run{run}-async")
+    cluster = DevCluster(data, "ASYNC")
+    try:
+        p = cluster.bench("produce", "--messages", str(args.messages), *size)
+        emit({"bench": "produce_async", "run": run, **p})
+        c = cluster.bench("consume", "--messages", str(args.messages))
+        emit({"bench": "consume", "run": run, **c})
+        u = cluster.bench("produce", "--unbatched", "--messages", str(args.unbatched), *size)
+        emit({"bench": "produce_unbatched", "run": run, **u})
+    finally:
+        cluster.stop()
+    shutil.rmtree(data, ignore_errors=True)
+    figures.update(
+        produce_async=p["msgs_per_s"],
+        consume=c["msgs_per_s"],
+        unbatched_p50_us=u["p50_us"],
+        unbatched_p99_us=u["p99_us"],
+    )
+    data = os.path.join(scratch, f"run{run}-sync")
+    cluster = DevCluster(data, "SYNC")
+    try:
+        s = cluster.bench("produce", "--messages", str(args.messages), *size)
+        emit({"bench": "produce_sync", "run": run, **s})
+    finally:
+        cluster.stop()
+    shutil.rmtree(data, ignore_errors=True)
+    figures["produce_sync"] = s["msgs_per_s"]
+    ceilings = perfkit_ceilings(args.perfkit)
+    for case, r in ceilings.items():
+        emit({"bench": f"ceiling_{case}", "run": run, **r})
+    figures["ceiling_batch_msgs_per_s"] = ceilings["batch256_c8"]["msgs_per_s"]
+    figures["ceiling_unary_p50_us"] = ceilings["unary_c1"]["p50_us"]
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--perfkit", default=os.path.join(REPO, "..", "shared", "perfkit"))
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--unbatched", type=int, default=3_000)
+    args = parser.parse_args()
+    scratch = tempfile.mkdtemp(prefix="tidemq-services-bench-")
+    try:
+        runs = [one_run(i, args, scratch) for i in range(args.runs)]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    # Ratios per run, then their median: each run's figures share that run's machine load.
+    ratio = {
+        "produce_async_vs_batch_ceiling": [
+            r["produce_async"] / r["ceiling_batch_msgs_per_s"] for r in runs
+        ],
+        "produce_sync_vs_batch_ceiling": [
+            r["produce_sync"] / r["ceiling_batch_msgs_per_s"] for r in runs
+        ],
+        "consume_vs_produce_async": [r["consume"] / r["produce_async"] for r in runs],
+        "unbatched_p50_vs_unary_p50": [
+            r["unbatched_p50_us"] / r["ceiling_unary_p50_us"] for r in runs
+        ],
+    }
+    ratios = {k: round(statistics.median(v), 3) for k, v in ratio.items()}
+    emit(
+        {
+            "bench": "summary",
+            "runs": args.runs,
+            "medians": {k: round(v, 1) for k, v in med.items()},
+            "ratios": ratios,
+            "goals": {
+                "produce_async_ge_70pct": ratios["produce_async_vs_batch_ceiling"] >= 0.7,
+                "produce_sync_ge_50pct": ratios["produce_sync_vs_batch_ceiling"] >= 0.5,
+                "consume_ge_produce": ratios["consume_vs_produce_async"] >= 1.0,
+                "unbatched_p50_le_2x_unary": ratios["unbatched_p50_vs_unary_p50"] <= 2.0,
+            },
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

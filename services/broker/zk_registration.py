@@ -1,0 +1,311 @@
+"""A broker's registration in ZooKeeper: one ephemeral znode, kept in step with the broker.
+
+The znode (path and bytes: ``services.nameserver.zk_format``) lives under the broker's own
+kazoo session, so it disappears when the broker does:
+
+- clean shutdown: ``stop`` deletes it at once, then closes the session;
+- SIGKILL, a frozen process, a lost network: ZooKeeper deletes it when the session expires.
+
+Keeping it in step (``sync_znode``, run on every wake-up):
+
+- missing: create it (ephemeral, parents made on demand);
+- ours (its ``ephemeralOwner`` is our session id) with other bytes: set them, conditional on the
+  version just read; ours with the same bytes: nothing to do;
+- another session's: either a second broker registered under the same cluster/name/id, or this
+  broker's previous process (SIGKILLed, restarted at once) whose session has not expired yet.
+  We wait: the watch left on it wakes us when it goes, and we register then.
+
+Wake-ups: every (re)connection, since after a LOST session kazoo silently opens a new session and
+the old session's znode is gone; any change to the znode (an operator deleting it); the
+broker's register loop (at start, when topics change, and every ``register_interval_ms`` as a
+check); and a retry with backoff after a failed attempt. A create whose answer was lost with the
+connection may have succeeded: the next attempt then finds the znode already ours.
+
+While ZooKeeper is unreachable the broker keeps serving; its znode stays as long as its session
+does. kazoo calls listeners and watches in its own threads: they only wake the asyncio loop.
+ZooKeeper calls run in the loop's default executor, one attempt at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
+
+from protos import nameserver_pb2
+from services.broker.config import BrokerConfig
+from services.broker.servicer import broker_info, topic_protos
+from services.broker.topics import TopicManager
+from services.errors import ServiceError
+from services.nameserver import zk_format
+from services.nameserver.route_table import BrokerRegistration
+from services.nameserver.servicer import registration_from_wire
+from services.nameserver.zk_registry import ZK_ERRORS, new_client
+from storage.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SYNC_ATTEMPTS = 3  # create/set races lost in a row before an attempt counts as failed
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 10.0
+LEAVE_TIMEOUT_S = 2.0  # each ZooKeeper call at shutdown; the session's close removes it anyway
+
+
+class ZnodeHeldElsewhereError(Exception):
+    """Our znode's path is held by another session; a watch is set on it."""
+
+    def __init__(self, path: str, owner: int) -> None:
+        super().__init__(f"znode {path} is held by ZooKeeper session 0x{owner:x}")
+        self.path = path
+        self.owner = owner
+
+
+class ZnodeRaceError(Exception):
+    """The znode changed under every attempt of one sync; it is retried later."""
+
+
+class Synced(enum.Enum):
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+
+
+def broker_registration(config: BrokerConfig, topics: TopicManager) -> BrokerRegistration:
+    """What the broker registers: its heartbeat's content, held to the nameserver's rules
+    (``ServiceError`` when it breaks them)."""
+    request = nameserver_pb2.RegisterBrokerRequest(
+        broker=broker_info(config, topics), topics=topic_protos(topics)
+    )
+    return registration_from_wire(request)
+
+
+def sync_znode(
+    client: Any, path: str, data: bytes, watch: Callable[[Any], None], timeout_s: float
+) -> Synced:
+    """Make the ephemeral znode at ``path`` hold ``data`` under ``client``'s session.
+
+    Leaves ``watch`` on the znode. Raises ZnodeHeldElsewhereError, ZnodeRaceError or a kazoo
+    error (connection lost, timeout).
+    """
+    client_id = client.client_id
+    if client_id is None:
+        raise ConnectionLoss("not connected to ZooKeeper")
+    session = client_id[0]
+    for _ in range(SYNC_ATTEMPTS):
+        stat = client.exists_async(path, watch=watch).get(timeout=timeout_s)
+        if stat is None:
+            try:
+                client.create_async(path, data, ephemeral=True, makepath=True).get(
+                    timeout=timeout_s
+                )
+            except NodeExistsError:
+                continue  # created meanwhile, maybe by our own earlier create: look again
+            except NoNodeError:
+                # makepath makes every parent below the chroot, never the chroot itself.
+                raise NoNodeError(
+                    f"cannot create {path}: the chroot of the ZooKeeper hosts string must exist"
+                ) from None
+            return Synced.CREATED
+        if stat.ephemeralOwner != session:
+            raise ZnodeHeldElsewhereError(path, stat.ephemeralOwner)
+        current, stat = client.get_async(path).get(timeout=timeout_s)
+        if current == data:
+            return Synced.UNCHANGED
+        try:
+            client.set_async(path, data, version=stat.version).get(timeout=timeout_s)
+        except (BadVersionError, NoNodeError):
+            continue  # someone else wrote or deleted it between our read and our write
+        return Synced.UPDATED
+    raise ZnodeRaceError(f"znode {path} changed under {SYNC_ATTEMPTS} attempts in a row")
+
+
+class ZkRegistration:
+    """The broker's znode; ``start``, ``refresh`` and ``stop`` are called on the event loop."""
+
+    def __init__(
+        self,
+        hosts: str,
+        session_timeout_ms: int,
+        path: str,
+        data: Callable[[], bytes],
+    ) -> None:
+        self.hosts = hosts
+        self.session_timeout_ms = session_timeout_ms
+        self.path = path
+        self._data = data  # called on the loop: it reads the topic table
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._retry: asyncio.TimerHandle | None = None
+        self._connected = False
+        self._held_by = 0  # the other session last seen holding our path, to log it once
+        self.registered = False  # our znode exists with our latest data, as of the last sync
+
+    @classmethod
+    def for_broker(cls, config: BrokerConfig, topics: TopicManager) -> ZkRegistration:
+        path = zk_format.node_path(
+            config.zk_root, config.cluster, config.broker_name, config.broker_id
+        )
+        registration = cls(
+            config.zk_hosts,
+            config.zk_session_timeout_ms,
+            path,
+            lambda: zk_format.encode_registration(broker_registration(config, topics)),
+        )
+        try:
+            registration._data()
+        except (ServiceError, zk_format.ZnodeDataError) as e:
+            # Fail now, loudly, rather than run a broker no nameserver will ever route to.
+            raise ConfigError(f"this broker cannot register in ZooKeeper: {e}") from None
+        return registration
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._client = new_client(self.hosts, self.session_timeout_ms)
+        self._client.add_listener(self._on_session_event)
+        self._task = asyncio.create_task(self._run(), name="zk-registration")
+        # Not waiting for the connection: the broker serves while ZooKeeper is away, and
+        # registers as soon as it is reachable.
+        await self._loop.run_in_executor(None, self._client.start_async)
+
+    def refresh(self) -> None:
+        """Bring the znode up to date (topics changed), or check that it is still there."""
+        self._wake.set()
+
+    async def stop(self) -> None:
+        """Delete the znode, then close the session (which would delete it too)."""
+        if self._task is None:
+            return
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._task = None
+        if self._retry is not None:
+            self._retry.cancel()
+        # A sync still running in its thread may create the znode after this; the session's
+        # close below removes anything the session owns all the same.
+        self._client.remove_listener(self._on_session_event)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self._leave)
+        except Exception:
+            # The broker's shutdown goes on to close its store cleanly whatever happened here;
+            # the session expires on its own and takes the znode with it.
+            log.exception("leaving ZooKeeper failed")
+
+    # -- kazoo's threads ------------------------------------------------------------------------
+
+    def _on_session_event(self, state: str) -> None:
+        self._post(self._session_changed, state)
+
+    def _on_watch(self, event: Any) -> None:
+        self._post(self._wake.set)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def _session_changed(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            self._connected = True
+            self._wake.set()
+            return
+        self._connected = False
+        if state == KazooState.LOST:
+            self.registered = False
+            log.warning(
+                "ZooKeeper session expired: %s is gone and this broker is out of the routes; "
+                "registering again once reconnected",
+                self.path,
+            )
+        else:
+            log.warning(
+                "connection to ZooKeeper %s lost; still serving, and still registered while "
+                "the session lives",
+                self.hosts,
+            )
+
+    def _retry_in(self, delay_s: float) -> None:
+        assert self._loop is not None
+        if self._retry is not None:
+            self._retry.cancel()
+        self._retry = self._loop.call_later(delay_s, self._wake.set)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        timeout_s = self.session_timeout_ms / 1000
+        backoff_s = RETRY_MIN_S
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._connected:
+                continue  # the next CONNECTED wakes us
+            try:
+                data = self._data()
+            except (ServiceError, zk_format.ZnodeDataError) as e:
+                # The znode keeps the last registration that was valid; the next change retries.
+                # The message says what is wrong; a traceback would add nothing.
+                log.error("cannot update the ZooKeeper registration: %s", e)  # noqa: TRY400
+                continue
+            try:
+                outcome = await loop.run_in_executor(
+                    None, sync_znode, self._client, self.path, data, self._on_watch, timeout_s
+                )
+            except ZnodeHeldElsewhereError as e:
+                self.registered = False
+                if e.owner != self._held_by:
+                    self._held_by = e.owner
+                    log.warning(
+                        "%s: another broker with this cluster, name and id, or this broker's "
+                        "previous process whose session has not expired yet; registering as "
+                        "soon as it goes",
+                        e,
+                    )
+                continue  # the watch left on the znode wakes us when it changes or goes
+            except (*ZK_ERRORS, ZnodeRaceError) as e:
+                self.registered = False
+                log.warning(
+                    "registering in ZooKeeper failed (%s: %s); retrying in %.1f s",
+                    type(e).__name__,
+                    e,
+                    backoff_s,
+                )
+                self._retry_in(backoff_s)
+                backoff_s = min(backoff_s * 2, RETRY_MAX_S)
+                continue
+            backoff_s = RETRY_MIN_S
+            self._held_by = 0
+            self.registered = True
+            if outcome is Synced.CREATED:
+                log.info("registered in ZooKeeper %s as %s", self.hosts, self.path)
+            elif outcome is Synced.UPDATED:
+                log.info("updated the ZooKeeper registration %s", self.path)
+
+    def _leave(self) -> None:
+        client = self._client
+        try:
+            client_id = client.client_id
+            if client_id is not None:
+                stat = client.exists_async(self.path).get(timeout=LEAVE_TIMEOUT_S)
+                if stat is not None and stat.ephemeralOwner == client_id[0]:
+                    client.delete_async(self.path, version=stat.version).get(
+                        timeout=LEAVE_TIMEOUT_S
+                    )
+                    log.info("unregistered from ZooKeeper: deleted %s", self.path)
+        except ZK_ERRORS as e:
+            log.warning("deleting %s failed (%s); closing the session removes it", self.path, e)
+        finally:
+            try:
+                client.stop()
+            finally:
+                client.close()
+        self.registered = False

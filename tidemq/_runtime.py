@@ -1,0 +1,104 @@
+"""What the SDK's clients share underneath: gRPC channels per address, and for the blocking
+API a private event loop on a background thread.
+
+The asyncio classes (``AsyncProducer``, ...) are the implementation; the blocking classes run one
+of them on a ``LoopThread``, so both APIs behave the same and are tested together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import grpc
+from tenacity import wait_exponential, wait_random
+from tenacity.wait import wait_base
+
+T = TypeVar("T")
+
+NAMESERVER_ENV = "TIDEMQ_NAMESERVER"
+DEFAULT_NAMESERVER = "127.0.0.1:9876"
+
+# Batches of large bodies need more than gRPC's 4 MiB default (the broker allows 64 MiB).
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+]
+
+
+def backoff() -> wait_base:
+    """Retry waits: 50 ms doubling to 1 s, plus up to 50 ms of jitter so clients that failed
+    together do not retry together."""
+    return wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05)
+
+
+def nameserver_addresses(nameserver: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``"h1:p1,h2:p2"``, a list, or None (then $TIDEMQ_NAMESERVER, then 127.0.0.1:9876)."""
+    if nameserver is None:
+        nameserver = os.environ.get(NAMESERVER_ENV) or DEFAULT_NAMESERVER
+    items = nameserver.split(",") if isinstance(nameserver, str) else list(nameserver)
+    addresses = tuple(a.strip() for a in items if a.strip())
+    if not addresses:
+        raise ValueError("at least one nameserver address (HOST:PORT) is required")
+    for a in addresses:
+        host, sep, port = a.rpartition(":")
+        if not (sep and host and port.isdigit()):
+            raise ValueError(f"nameserver address {a!r} must be HOST:PORT")
+    return addresses
+
+
+class Channels:
+    """One grpc.aio channel per address, created on first use, on the loop that uses them."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, object], Any] = {}
+
+    def stub(self, address: str, stub_class: Callable[[grpc.aio.Channel], T]) -> T:
+        key = (address, stub_class)
+        stub = self._stubs.get(key)
+        if stub is None:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[address] = channel
+            stub = stub_class(channel)
+            self._stubs[key] = stub
+        return stub
+
+    async def close(self) -> None:
+        channels, self._channels, self._stubs = self._channels, {}, {}
+        for channel in channels.values():
+            await channel.close()
+
+
+class LoopThread:
+    """An event loop running on a daemon thread, for the blocking API."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a blocking tidemq call was made from inside its own event loop")
+        return self.submit(coro).result(timeout_s)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()

@@ -1,0 +1,359 @@
+"""``Admin``: topics, consumer groups, offsets and cluster status, for scripts and the CLI.
+
+Topics live on brokers; a topic "in a cluster" is the same topic config on every master of the
+cluster (RocketMQ's ``updateTopic -c``). ``create_topic`` waits until the nameservers route the
+topic, so a script can send to it on the next line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from protos import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
+from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq.errors import (
+    InvalidArgumentError,
+    RouteNotFoundError,
+    TidemqError,
+    TopicNotFoundError,
+    from_rpc_error,
+)
+from tidemq.routes import AUTO_CREATE_TOPIC, NameServerClient, TopicRoute
+
+CALL_TIMEOUT_S = 10.0
+ROUTE_WAIT_S = 10.0
+PERMS = {"r": 4, "w": 2, "rw": 6}
+ROLE_NAMES = {1: "ASYNC_MASTER", 2: "SYNC_MASTER", 3: "SLAVE"}
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    broker: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    committed_offset: int | None = None
+
+    @property
+    def lag(self) -> int | None:
+        if self.committed_offset is None:
+            return None
+        return max(0, self.max_offset - self.committed_offset)
+
+
+class AsyncAdmin:
+    def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
+        self._channels = Channels()
+        self.nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
+
+    async def close(self) -> None:
+        await self._channels.close()
+
+    async def __aenter__(self) -> AsyncAdmin:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _call(self, address: str, method: str, request: Any) -> Any:
+        stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+        try:
+            return await getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
+        except grpc.aio.AioRpcError as e:
+            raise from_rpc_error(e, f"broker {address}") from None
+
+    # ------------------------------------------------------------------ cluster
+    async def cluster_info(self) -> Any:
+        return await self.nameserver.cluster_info()
+
+    async def masters(self, cluster: str | None = None) -> dict[str, str]:
+        """broker name -> master address, for one cluster or all."""
+        info = await self.cluster_info()
+        out: dict[str, str] = {}
+        for c in info.clusters:
+            if cluster and c.cluster != cluster:
+                continue
+            for g in c.groups:
+                if 0 in g.addresses:
+                    out[g.broker_name] = g.addresses[0]
+        return out
+
+    async def cluster_status(self) -> dict[str, Any]:
+        """Every broker the nameservers know, with its store figures (JSON-friendly)."""
+        info = await self.cluster_info()
+        status = await self.nameserver.call("GetStatus", nameserver_pb2.GetStatusRequest())
+        clusters = []
+        for c in info.clusters:
+            brokers = []
+            for live in sorted(
+                c.brokers,
+                key=lambda b: (b.broker.identity.broker_name, b.broker.identity.broker_id),
+            ):
+                b = live.broker
+                entry: dict[str, Any] = {
+                    "broker_name": b.identity.broker_name,
+                    "broker_id": b.identity.broker_id,
+                    "address": b.address,
+                    "role": ROLE_NAMES.get(b.role, "UNKNOWN"),
+                    "epoch": b.epoch,
+                    "topics": live.topics,
+                    "last_update_ms": live.last_update_ms,
+                }
+                try:
+                    st = await self._call(
+                        b.address, "GetBrokerStatus", broker_pb2.GetBrokerStatusRequest()
+                    )
+                    entry["store"] = {
+                        "commitlog_min_offset": st.store.commitlog_min_offset,
+                        "commitlog_max_offset": st.store.commitlog_max_offset,
+                        "flushed_offset": st.store.flushed_offset,
+                        "dispatched_offset": st.store.dispatched_offset,
+                        "disk_usage_ratio": round(st.store.disk_usage_ratio, 4),
+                        "writable": st.store.writable,
+                    }
+                    entry["reachable"] = True
+                except TidemqError as e:
+                    entry["reachable"] = False
+                    entry["error"] = str(e)
+                brokers.append(entry)
+            clusters.append({"cluster": c.cluster, "brokers": brokers})
+        return {
+            "nameserver": {
+                "registry": status.registry,
+                "stale": status.stale,
+                "brokers": status.brokers,
+            },
+            "clusters": clusters,
+        }
+
+    # ------------------------------------------------------------------ topics
+    async def create_topic(
+        self,
+        topic: str,
+        *,
+        queues: int = 8,
+        read_queues: int | None = None,
+        write_queues: int | None = None,
+        perm: str = "rw",
+        order: bool = False,
+        cluster: str | None = None,
+        wait: bool = True,
+    ) -> list[str]:
+        """Creates (or updates) the topic on every master of ``cluster`` (default: all);
+        returns the broker names. With ``wait``, returns once the nameservers route it."""
+        if perm not in PERMS:
+            raise InvalidArgumentError(
+                f"perm must be one of {sorted(PERMS)}", code="INVALID_ARGUMENT"
+            )
+        masters = await self.masters(cluster)
+        if not masters:
+            where = f"cluster {cluster!r}" if cluster else "any cluster"
+            raise RouteNotFoundError(f"no master broker in {where}", code="ROUTE_NOT_FOUND")
+        config = common_pb2.TopicConfig(
+            topic=topic,
+            read_queue_nums=read_queues or queues,
+            write_queue_nums=write_queues or queues,
+            perm=PERMS[perm],
+            order=order,
+        )
+        request = broker_pb2.CreateTopicRequest(topic=config)
+        await asyncio.gather(*(self._call(a, "CreateTopic", request) for a in masters.values()))
+        if wait:
+            await self._wait_route(topic, lambda r: r is not None and set(masters) <= set(r.groups))
+        return sorted(masters)
+
+    async def _wait_route(self, topic: str, ok: Callable[[TopicRoute | None], bool]) -> None:
+        deadline = time.monotonic() + ROUTE_WAIT_S
+        while True:
+            try:
+                route: TopicRoute | None = await self.nameserver.query_route(topic)
+            except RouteNotFoundError:
+                route = None
+            if ok(route):
+                return
+            if time.monotonic() > deadline:
+                raise TidemqError(
+                    f"the nameservers did not update the route of {topic!r} within "
+                    f"{ROUTE_WAIT_S:.0f} s; the brokers may not be registered",
+                    code="TIMEOUT",
+                    retriable=True,
+                )
+            await asyncio.sleep(0.1)
+
+    async def delete_topic(self, topic: str, *, wait: bool = True) -> list[str]:
+        """Deletes the topic from every broker serving it; returns the broker names."""
+        route = await self.route(topic)
+        names = []
+        for name, g in route.groups.items():
+            if g.master is None:
+                continue
+            try:
+                await self._call(
+                    g.master, "DeleteTopic", broker_pb2.DeleteTopicRequest(topic=topic)
+                )
+                names.append(name)
+            except TopicNotFoundError:
+                pass
+        if wait:
+            await self._wait_route(topic, _gone)
+        return sorted(names)
+
+    async def route(self, topic: str) -> TopicRoute:
+        return await self.nameserver.query_route(topic)
+
+    async def list_topics(self) -> dict[str, dict[str, Any]]:
+        """topic -> {"brokers": [...], "read_queues": n, "write_queues": n, "perm": p}."""
+        masters = await self.masters()
+        out: dict[str, dict[str, Any]] = {}
+        for name, address in sorted(masters.items()):
+            resp = await self._call(address, "ListTopics", broker_pb2.ListTopicsRequest())
+            for t in resp.topics:
+                if t.topic == AUTO_CREATE_TOPIC:
+                    continue
+                entry = out.setdefault(
+                    t.topic, {"brokers": [], "read_queues": 0, "write_queues": 0, "perm": t.perm}
+                )
+                entry["brokers"].append(name)
+                entry["read_queues"] += t.read_queue_nums
+                entry["write_queues"] += t.write_queue_nums
+        return out
+
+    async def queue_status(self, topic: str, group: str | None = None) -> list[QueueStatus]:
+        """Per queue: min/max offsets, and with ``group`` its committed offset (and lag)."""
+        route = await self.route(topic)
+        out: list[QueueStatus] = []
+        for name in sorted(route.groups):
+            address = route.groups[name].read_address()
+            if address is None:
+                continue
+            resp = await self._call(
+                address, "GetQueueOffsets", broker_pb2.GetQueueOffsetsRequest(topic=topic)
+            )
+            for q in resp.queues:
+                committed = None
+                if group:
+                    c = await self._call(
+                        address,
+                        "QueryConsumerOffset",
+                        broker_pb2.QueryConsumerOffsetRequest(
+                            group=group, topic=topic, queue_id=q.queue_id
+                        ),
+                    )
+                    committed = int(c.offset) if c.found else None
+                out.append(QueueStatus(name, q.queue_id, q.min_offset, q.max_offset, committed))
+        return out
+
+    # ------------------------------------------------------------------ groups
+    async def group_members(self, group: str, topic: str) -> list[str]:
+        route = await self.route(topic)
+        for name in sorted(route.groups):
+            address = route.groups[name].read_address()
+            if address is not None:
+                resp = await self._call(
+                    address, "GetConsumerList", broker_pb2.GetConsumerListRequest(group=group)
+                )
+                return sorted(resp.client_ids)
+        return []
+
+    async def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
+        """Moves the group's committed offsets of every queue to ``"first"``, ``"last"`` or the
+        first message stored at or after a timestamp (ms). Stop the group's consumers first:
+        a running consumer commits its own position over this."""
+        route = await self.route(topic)
+        out = []
+        for status in await self.queue_status(topic):
+            address = route.groups[status.broker].master
+            if address is None:
+                raise TidemqError(
+                    f"broker group {status.broker} has no master to commit on",
+                    code="NOT_MASTER",
+                    retriable=True,
+                )
+            if to == "first":
+                offset = status.min_offset
+            elif to == "last":
+                offset = status.max_offset
+            elif isinstance(to, int):
+                resp = await self._call(
+                    address,
+                    "SearchOffset",
+                    broker_pb2.SearchOffsetRequest(
+                        topic=topic, queue_id=status.queue_id, timestamp_ms=to
+                    ),
+                )
+                offset = int(resp.offset)
+            else:
+                raise InvalidArgumentError(
+                    "reset to 'first', 'last' or a timestamp in ms", code="INVALID_ARGUMENT"
+                )
+            await self._call(
+                address,
+                "CommitOffset",
+                broker_pb2.CommitOffsetRequest(
+                    group=group, topic=topic, queue_id=status.queue_id, offset=offset
+                ),
+            )
+            out.append(
+                QueueStatus(
+                    status.broker, status.queue_id, status.min_offset, status.max_offset, offset
+                )
+            )
+        return out
+
+
+def _gone(route: TopicRoute | None) -> bool:
+    return route is None
+
+
+class Admin:
+    """The blocking admin client; every method of ``AsyncAdmin``, waiting for the answer."""
+
+    def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
+        self._runner = LoopThread("tidemq-admin")
+        self._core = AsyncAdmin(nameserver)
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        try:
+            if not self._runner.loop.is_closed():
+                self._runner.run(self._core.close())
+        finally:
+            self._runner.stop()
+
+    def cluster_status(self) -> dict[str, Any]:
+        return self._runner.run(self._core.cluster_status())
+
+    def masters(self, cluster: str | None = None) -> dict[str, str]:
+        return self._runner.run(self._core.masters(cluster))
+
+    def create_topic(self, topic: str, **kwargs: Any) -> list[str]:
+        return self._runner.run(self._core.create_topic(topic, **kwargs))
+
+    def delete_topic(self, topic: str, *, wait: bool = True) -> list[str]:
+        return self._runner.run(self._core.delete_topic(topic, wait=wait))
+
+    def list_topics(self) -> dict[str, dict[str, Any]]:
+        return self._runner.run(self._core.list_topics())
+
+    def route(self, topic: str) -> TopicRoute:
+        return self._runner.run(self._core.route(topic))
+
+    def queue_status(self, topic: str, group: str | None = None) -> list[QueueStatus]:
+        return self._runner.run(self._core.queue_status(topic, group))
+
+    def group_members(self, group: str, topic: str) -> list[str]:
+        return self._runner.run(self._core.group_members(group, topic))
+
+    def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
+        return self._runner.run(self._core.reset_offsets(group, topic, to))

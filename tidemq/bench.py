@@ -1,0 +1,142 @@
+"""``tidemq bench``: produce and consume rates against a running cluster, as JSON.
+
+The figures mean something only beside a ceiling measured in the same run on the same machine
+(``bench/services_bench.py`` runs these next to perfkit's gRPC ceilings).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from tidemq.consumer import Consumer
+from tidemq.producer import Producer
+
+WARMUP_MESSAGES = 2_000
+# Pull batches larger than the SDK's default (32): a consumer catching up on a backlog.
+BENCH_PULL_BATCH = 256
+
+
+class _Progress:
+    def __init__(self, what: str, total: int, enabled: bool) -> None:
+        self.what, self.total, self.enabled = what, total, enabled
+        self.started = self.last = time.perf_counter()
+
+    def update(self, done: int) -> None:
+        now = time.perf_counter()
+        if self.enabled and now - self.last >= 1.0:
+            self.last = now
+            rate = done / (now - self.started)
+            print(
+                f"{self.what} {done}/{self.total} ({rate:,.0f} msgs/s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def _percentile(sorted_values: Sequence[float], pct: float) -> float:
+    index = min(len(sorted_values) - 1, max(0, round(pct / 100 * len(sorted_values)) - 1))
+    return sorted_values[index]
+
+
+def run_produce_bench(
+    nameserver: str | None,
+    *,
+    topic: str,
+    messages: int,
+    body_bytes: int,
+    unbatched: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    if messages <= 0 or body_bytes < 0:
+        raise ValueError("--messages must be > 0 and --body-bytes >= 0")
+    body = b"x" * body_bytes
+    settings: dict[str, Any] = {}
+    if unbatched:
+        settings = {"batch_max_messages": 1, "max_in_flight_per_broker": 1}
+    with Producer(nameserver, **settings) as producer:
+        for f in [producer.send_async(topic, body) for _ in range(min(WARMUP_MESSAGES, messages))]:
+            f.result()
+        warm = producer.stats.requests, producer.stats.messages
+        statuses: Counter[str] = Counter()
+        bar = _Progress("produced", messages, progress)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        latencies: list[float] = []
+        if unbatched:
+            for i in range(messages):
+                t = time.perf_counter()
+                r = producer.send(topic, body)
+                latencies.append(time.perf_counter() - t)
+                statuses[r.status.value] += 1
+                if i % 256 == 0:
+                    bar.update(i)
+        else:
+            futures = []
+            for i in range(messages):
+                futures.append(producer.send_async(topic, body))
+                if i % 4096 == 0:
+                    bar.update(i)
+            for f in futures:
+                statuses[f.result().status.value] += 1
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        requests = producer.stats.requests - warm[0]
+        sent = producer.stats.messages - warm[1]
+    out: dict[str, Any] = {
+        "bench": "tidemq.produce",
+        "mode": "unbatched" if unbatched else "batched",
+        "messages": messages,
+        "body_bytes": body_bytes,
+        "seconds": round(wall, 3),
+        "msgs_per_s": round(messages / wall, 1),
+        "MBps": round(messages * body_bytes / wall / 1e6, 2),
+        "client_cpu_pct": round(cpu / wall * 100, 1),
+        "requests": requests,
+        "messages_per_request": round(sent / requests, 1) if requests else 0,
+        "statuses": dict(statuses),
+    }
+    if latencies:
+        latencies.sort()
+        out["p50_us"] = round(statistics.median(latencies) * 1e6, 1)
+        out["p99_us"] = round(_percentile(latencies, 99) * 1e6, 1)
+    return out
+
+
+def run_consume_bench(
+    nameserver: str | None, *, topic: str, group: str, messages: int, progress: bool = True
+) -> dict[str, Any]:
+    if messages <= 0:
+        raise ValueError("--messages must be > 0")
+    with Consumer(
+        nameserver,
+        group=group,
+        topic=topic,
+        start_from="first",
+        auto_commit=False,
+        pull_batch_size=BENCH_PULL_BATCH,
+    ) as consumer:
+        got = 0
+        bar = _Progress("consumed", messages, progress)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        last = t0
+        while got < messages:
+            batch = consumer.poll(max_messages=1024, timeout_s=10.0)
+            if not batch:
+                break  # the topic holds fewer messages than asked for: report what was read
+            got += len(batch)
+            last = time.perf_counter()
+            bar.update(got)
+        wall = last - t0  # not counting the final wait for messages that never came
+        cpu = time.process_time() - cpu0
+    return {
+        "bench": "tidemq.consume",
+        "messages": got,
+        "seconds": round(wall, 3),
+        "msgs_per_s": round(got / wall, 1) if wall else 0.0,
+        "client_cpu_pct": round(cpu / wall * 100, 1) if wall else 0.0,
+        "complete": got >= messages,
+    }

@@ -1,0 +1,246 @@
+"""``tidemq dev``: a local cluster on loopback for trying tidemq, and what ``make run`` starts.
+
+A nameserver on the embedded registry and one broker group, each a child process logging to
+``DATA/logs``, the store under ``DATA/broker-a``. Ctrl-C (or SIGTERM) stops the broker first,
+so it unregisters and closes its store cleanly, then the nameserver. Restarting with the same
+``--data`` keeps every message, topic and consumer offset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+PR_SET_PDEATHSIG = 1
+DIE_WITH_PARENT_ENV = "TIDEMQ_DIE_WITH_PARENT"
+
+
+class DevError(Exception):
+    """The local cluster cannot start; one line for the user."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 20) -> str:
+        text = self.log.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def die_with_parent() -> None:
+    """In a child of ``tidemq dev`` (it sets DIE_WITH_PARENT_ENV to its pid): exit when the
+    parent dies, even by SIGKILL or a closed terminal, instead of holding the ports.
+
+    Done in the child rather than in ``preexec_fn``, which is unsafe in a process with threads
+    (gRPC's). Linux only; elsewhere children outlive a killed parent and are stopped by hand.
+    """
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # it died before prctl took effect
+        sys.exit(1)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _spawn(name: str, args: list[str], log: Path) -> Child:
+    with log.open("ab") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tidemq.cli", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C reaches only us; we stop the children in order
+            env={**os.environ, DIE_WITH_PARENT_ENV: str(os.getpid())},
+        )
+    return Child(name, proc, log)
+
+
+def _wait_serving(child: Child, ready: Callable[[], bool], deadline: float) -> None:
+    """Until ``ready()`` says so (an RPC error means not yet), the child dies, or the deadline."""
+    while True:
+        if child.proc.poll() is not None:
+            raise DevError(
+                f"{child.name} exited with {child.proc.returncode} while starting; "
+                f"its log ({child.log}) ends with:\n{child.tail()}"
+            )
+        try:
+            if ready():
+                return
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise DevError(
+                f"{child.name} not serving after {START_TIMEOUT_S:.0f} s; see {child.log}"
+            )
+        time.sleep(0.1)
+
+
+def _stop(child: Child) -> None:
+    if child.proc.poll() is None:
+        child.proc.send_signal(signal.SIGTERM)
+        try:
+            child.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            print(f"{child.name} did not stop in {STOP_TIMEOUT_S:.0f} s; killing it", flush=True)
+            child.proc.kill()
+            child.proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    data = Path(args.data).resolve()
+    logs = data / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    host = "127.0.0.1"
+    ns_addr = f"{host}:{args.nameserver_port}"
+    broker_addr = f"{host}:{args.broker_port}"
+    for what, port in (("nameserver", args.nameserver_port), ("broker", args.broker_port)):
+        if not _port_free(host, port):
+            print(
+                f"tidemq dev: port {port} ({what}) is in use; is another cluster running? "
+                f"Choose others with --{what}-port.",
+                file=sys.stderr,
+            )
+            return 1
+
+    stop_requested = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+
+    children: list[Child] = []
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        ns = _spawn("nameserver", ["nameserver", "--listen", ns_addr], logs / "nameserver.log")
+        children.append(ns)
+        with grpc.insecure_channel(ns_addr) as ch:
+            stub = nameserver_pb2_grpc.NameServerStub(ch)
+            _wait_serving(
+                ns,
+                lambda: stub.GetStatus(nameserver_pb2.GetStatusRequest(), timeout=1) is not None,
+                deadline,
+            )
+        broker_args = [
+            "broker",
+            "--cluster",
+            "DevCluster",
+            "--broker-name",
+            "broker-a",
+            "--listen",
+            broker_addr,
+            "--store",
+            str(data / "broker-a"),
+            "--nameserver",
+            ns_addr,
+            "--auto-create-topics",
+            "--flush",
+            args.flush,
+        ]
+        if args.store_overrides:
+            broker_args += ["--store-overrides", args.store_overrides]
+        broker = _spawn("broker-a", broker_args, logs / "broker-a.log")
+        children.append(broker)
+        with grpc.insecure_channel(broker_addr) as ch:
+            bstub = broker_pb2_grpc.BrokerStub(ch)
+            _wait_serving(
+                broker,
+                lambda: (
+                    bstub.GetBrokerStatus(broker_pb2.GetBrokerStatusRequest(), timeout=1)
+                    is not None
+                ),
+                deadline,
+            )
+        with grpc.insecure_channel(ns_addr) as ch:
+            stub = nameserver_pb2_grpc.NameServerStub(ch)
+            # Ready means routable: the broker's first registration has reached the nameserver.
+            _wait_serving(
+                ns,
+                lambda: stub.GetStatus(nameserver_pb2.GetStatusRequest(), timeout=1).brokers > 0,
+                deadline,
+            )
+        _print_banner(data, ns_addr, broker_addr, args.flush)
+        while not stop_requested:
+            for c in children:
+                if c.proc.poll() is not None:
+                    raise DevError(
+                        f"{c.name} exited with {c.proc.returncode}; its log ({c.log}) ends "
+                        f"with:\n{c.tail()}"
+                    )
+            time.sleep(0.2)
+    except DevError as e:
+        print(f"tidemq dev: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if stop_requested:
+            print("\nstopping: broker first (flush, checkpoint, unregister), then the nameserver")
+        for c in reversed(children):
+            _stop(c)
+        if children and stop_requested:
+            print(f"stopped; data kept in {data}", flush=True)
+    return 0
+
+
+def _print_banner(data: Path, ns_addr: str, broker_addr: str, flush: str) -> None:
+    exe = "tidemq"
+    venv_exe = Path(sys.executable).parent / "tidemq"
+    if venv_exe.exists() and str(venv_exe.parent) not in os.environ.get("PATH", "").split(":"):
+        exe = os.path.relpath(venv_exe)
+    print(
+        f"""tidemq dev cluster is up (Ctrl-C stops it; data and logs in {data})
+  nameserver   {ns_addr}   (embedded registry)
+  broker-a     {broker_addr}  master of cluster DevCluster, {flush} flush, topics auto-created
+
+Try, in another terminal:
+  {exe} send orders 'hello tidemq' --tag created --key order-1
+  {exe} consume orders --group demo --max 10
+  {exe} topic describe orders --group demo
+  {exe} cluster status
+  {exe} bench produce --messages 50000
+""",
+        flush=True,
+    )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("dev", help="run a local cluster (nameserver + broker) on loopback")
+    p.add_argument("--data", default=".tidemq-dev", help="data and logs (default .tidemq-dev)")
+    p.add_argument("--nameserver-port", type=int, default=9876)
+    p.add_argument("--broker-port", type=int, default=10911)
+    p.add_argument("--flush", choices=["ASYNC", "SYNC"], default="ASYNC")
+    p.add_argument("--store-overrides", help="JSON object of StoreConfig keys (e.g. smaller files)")
+    p.set_defaults(func=run)

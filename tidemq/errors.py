@@ -1,0 +1,160 @@
+"""Exceptions of the SDK: one class per kind of failure, each carrying ``retriable``.
+
+Brokers and nameservers answer a failed call with a gRPC status plus an ``ErrorDetail`` trailer
+(``protos/errors.py``); ``from_rpc_error`` maps the detail's code to a class here. A status
+without a detail (the server is gone, a proxy answered) is classified by its gRPC code alone:
+UNAVAILABLE and DEADLINE_EXCEEDED are retriable, anything else is not.
+
+Catch ``TidemqError`` for everything, or a subclass for one case::
+
+    try:
+        producer.send("orders", b"...")
+    except tidemq.errors.TopicNotFoundError:
+        ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from protos import common_pb2
+from protos.errors import detail_from_metadata
+
+
+class TidemqError(Exception):
+    """Base class. ``code`` is the wire ErrorCode name (e.g. ``"TOPIC_NOT_FOUND"``)."""
+
+    default_retriable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "INTERNAL",
+        retriable: bool | None = None,
+        status: grpc.StatusCode | None = None,
+        min_offset: int = 0,
+        max_offset: int = 0,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.retriable = self.default_retriable if retriable is None else retriable
+        self.status = status
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.args[0]}"
+
+
+class InvalidArgumentError(TidemqError):
+    """The request is wrong (bad topic name, oversize body, ...): retrying cannot help."""
+
+
+class NotFoundError(TidemqError):
+    """Something named in the request does not exist."""
+
+
+class TopicNotFoundError(NotFoundError):
+    pass
+
+
+class RouteNotFoundError(NotFoundError):
+    """No broker group serves the topic (nameservers know nothing of it)."""
+
+
+class MessageNotFoundError(NotFoundError):
+    pass
+
+
+class PermissionDeniedError(TidemqError):
+    """The topic is not writable (or readable) on that broker."""
+
+
+class BrokerUnavailableError(TidemqError):
+    """The broker cannot serve right now (down, shutting down, not master, busy)."""
+
+    default_retriable = True
+
+
+class DiskFullError(BrokerUnavailableError):
+    pass
+
+
+class StaleEpochError(BrokerUnavailableError):
+    """The broker's role changed under the caller (failover); refresh routes and retry."""
+
+
+class CorruptDataError(TidemqError):
+    """The broker found damaged data while serving; an operator must look."""
+
+
+class RequestTimeoutError(TidemqError):
+    """No answer within the deadline. The request may or may not have taken effect."""
+
+    default_retriable = True
+
+
+class ClientClosedError(TidemqError):
+    """The producer, consumer or admin client was closed."""
+
+
+_BY_CODE: dict[int, type[TidemqError]] = {
+    common_pb2.INVALID_ARGUMENT: InvalidArgumentError,
+    common_pb2.INVALID_TOPIC: InvalidArgumentError,
+    common_pb2.BODY_TOO_LARGE: InvalidArgumentError,
+    common_pb2.PROPERTIES_SIZE_EXCEEDED: InvalidArgumentError,
+    common_pb2.INVALID_PROPERTY: InvalidArgumentError,
+    common_pb2.INVALID_QUEUE_ID: InvalidArgumentError,
+    common_pb2.INVALID_MESSAGE_ID: InvalidArgumentError,
+    common_pb2.INVALID_TAG_EXPRESSION: InvalidArgumentError,
+    common_pb2.TOPIC_NOT_FOUND: TopicNotFoundError,
+    common_pb2.TOPIC_EXISTS: InvalidArgumentError,
+    common_pb2.GROUP_NOT_FOUND: NotFoundError,
+    common_pb2.MESSAGE_NOT_FOUND: MessageNotFoundError,
+    common_pb2.ROUTE_NOT_FOUND: RouteNotFoundError,
+    common_pb2.NO_PERMISSION: PermissionDeniedError,
+    common_pb2.NOT_MASTER: BrokerUnavailableError,
+    common_pb2.STORE_NOT_WRITABLE: BrokerUnavailableError,
+    common_pb2.DISK_FULL: DiskFullError,
+    common_pb2.SHUTTING_DOWN: BrokerUnavailableError,
+    common_pb2.BROKER_BUSY: BrokerUnavailableError,
+    common_pb2.STALE_EPOCH: StaleEpochError,
+    common_pb2.CORRUPT_RECORD: CorruptDataError,
+}
+
+_BY_STATUS: dict[grpc.StatusCode, type[TidemqError]] = {
+    grpc.StatusCode.UNAVAILABLE: BrokerUnavailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimeoutError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
+    grpc.StatusCode.NOT_FOUND: NotFoundError,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.CANCELLED: ClientClosedError,
+}
+
+
+def from_rpc_error(error: grpc.RpcError, target: str = "") -> TidemqError:
+    """The typed exception for a failed call (``target`` names the server, for the message)."""
+    status: grpc.StatusCode = error.code()
+    details: str = error.details() or status.name
+    detail: Any = detail_from_metadata(error.trailing_metadata())
+    where = f" ({target})" if target else ""
+    if detail is not None and detail.code:
+        cls = _BY_CODE.get(detail.code, TidemqError)
+        return cls(
+            f"{detail.message or details}{where}",
+            code=common_pb2.ErrorCode.Name(detail.code),
+            retriable=detail.retriable,
+            status=status,
+            min_offset=detail.min_offset,
+            max_offset=detail.max_offset,
+        )
+    cls = _BY_STATUS.get(status, TidemqError)
+    return cls(f"{details}{where}", code=status.name, status=status)
+
+
+def is_retriable(error: BaseException) -> bool:
+    return isinstance(error, TidemqError) and error.retriable
