@@ -131,11 +131,11 @@ def one_run(run: int, args: argparse.Namespace, scratch: str) -> dict[str, float
     cluster = DevCluster(data, "ASYNC")
     try:
         p = cluster.bench("produce", "--messages", str(args.messages), *size)
-        emit({"bench": "produce_async", "run": run, **p})
+        emit({**p, "bench": "produce_async", "run": run})
         c = cluster.bench("consume", "--messages", str(args.messages))
-        emit({"bench": "consume", "run": run, **c})
+        emit({**c, "bench": "consume", "run": run})
         u = cluster.bench("produce", "--unbatched", "--messages", str(args.unbatched), *size)
-        emit({"bench": "produce_unbatched", "run": run, **u})
+        emit({**u, "bench": "produce_unbatched", "run": run})
     finally:
         cluster.stop()
     shutil.rmtree(data, ignore_errors=True)
@@ -149,14 +149,14 @@ def one_run(run: int, args: argparse.Namespace, scratch: str) -> dict[str, float
     cluster = DevCluster(data, "SYNC")
     try:
         s = cluster.bench("produce", "--messages", str(args.messages), *size)
-        emit({"bench": "produce_sync", "run": run, **s})
+        emit({**s, "bench": "produce_sync", "run": run})
     finally:
         cluster.stop()
     shutil.rmtree(data, ignore_errors=True)
     figures["produce_sync"] = s["msgs_per_s"]
     ceilings = perfkit_ceilings(args.perfkit)
     for case, r in ceilings.items():
-        emit({"bench": f"ceiling_{case}", "run": run, **r})
+        emit({**r, "bench": f"ceiling_{case}", "run": run})
     figures["ceiling_batch_msgs_per_s"] = ceilings["batch256_c8"]["msgs_per_s"]
     figures["ceiling_unary_p50_us"] = ceilings["unary_c1"]["p50_us"]
     return figures

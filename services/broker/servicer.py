@@ -148,8 +148,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             raise invalid(f"at most {self.config.max_batch_messages} messages per send")
         born = _peer_host(context.peer())
         batch = []
+        configs: dict[str, TopicConfig] = {}  # a batch is usually one topic: look it up once
         for m in request.messages:
-            cfg = self._topic(m.topic, for_write=True)
+            name = m.topic
+            cfg = configs.get(name)
+            if cfg is None:
+                cfg = configs[name] = self._topic(name, for_write=True)
             self._check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
         put = self.store.put_messages(batch)
@@ -157,19 +161,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         wire = SEND_STATUS[status]
         if self.metrics is not None:
             self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)
-        return broker_pb2.SendMessageResponse(
-            results=[
-                broker_pb2.SendResult(
-                    status=wire,
-                    msg_id=r.msg_id,
-                    queue_id=m.queue_id,
-                    queue_offset=r.queue_offset,
-                    commitlog_offset=r.phy_offset,
-                )
-                for r, m in zip(put.results, batch, strict=True)
-            ],
-            broker_name=self.config.broker_name,
-        )
+        response = broker_pb2.SendMessageResponse(broker_name=self.config.broker_name)
+        add = response.results.add  # built in place: a list of SendResults would be copied
+        for r, m in zip(put.results, batch, strict=True):
+            add(
+                status=wire,
+                msg_id=r.msg_id,
+                queue_id=m.queue_id,
+                queue_offset=r.queue_offset,
+                commitlog_offset=r.phy_offset,
+            )
+        return response
 
     # ------------------------------------------------------------------ pull
     @typed_errors
