@@ -9,7 +9,7 @@ RUN_DIR ?= .run
 
 PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto
 
-.PHONY: venv run test lint typecheck pytest bench clean protos verify-protos
+.PHONY: venv run test lint typecheck pytest bench clean protos verify-protos system-deps
 
 venv: $(STAMP)
 
@@ -45,7 +45,22 @@ verify-protos: venv
 	diff -r -x __pycache__ -x '*.proto' -x '__init__.py' -x 'errors.py' protos .protos-check/protos
 	rm -rf .protos-check
 
-test: lint typecheck verify-protos pytest
+test: system-deps lint typecheck verify-protos pytest
+
+# The integration tests start a real ZooKeeper from Debian's `zookeeper` package (jars only: it
+# starts no service). Installed here when missing, so `make test` works on a fresh machine; the
+# lock timeout waits out another apt run instead of failing on its dpkg lock.
+ZK_JAR := /usr/share/java/zookeeper.jar
+system-deps:
+	@if [ ! -e $(ZK_JAR) ]; then \
+		if [ "$$(id -u)" != 0 ]; then \
+			echo "ZooKeeper is missing: run 'sudo apt-get install zookeeper' (Debian/Ubuntu)"; exit 1; \
+		fi; \
+		echo "installing Debian's zookeeper package (for the integration tests)"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			-o DPkg::Lock::Timeout=300 zookeeper; \
+	fi
 
 # Prints JSON lines: the project's store and services figures and, measured in the same run,
 # the perfkit ceilings (mmap append; gRPC batch and unary).
