@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PERFKIT ?= ../shared/perfkit
 RUN_DIR ?= .run
 
-PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto
+PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto protos/replication.proto
 
 .PHONY: venv run test lint typecheck pytest bench clean protos verify-protos system-deps
 

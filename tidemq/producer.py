@@ -107,6 +107,15 @@ class ProducerStats:
         return self.messages / self.requests if self.requests else 0.0
 
 
+class _Retriable(Exception):
+    """Inside ``_deliver``: an attempt left these messages to retry, failed with ``error``."""
+
+    def __init__(self, error: TidemqError, left: list[_Pending]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.left = left
+
+
 class _Pending:
     """One message on its way. The wire form is built only when its request is (once per
     attempt), straight into the request: building a Message first would copy it twice."""
@@ -602,19 +611,33 @@ class AsyncProducer:
         """Send, retrying what failed retriably; every future ends done."""
         remaining = batch
         failed_on: set[str] = set()
-        timeout_s = max(0.0, min(p.deadline for p in batch) - time.monotonic())
-        attempts = AsyncRetrying(
-            stop=stop_after_attempt(self.config.retries + 1) | stop_after_delay(timeout_s),
-            wait=backoff(),
-            retry=retry_if_exception(is_retriable),
-            reraise=True,
-        )
         try:
-            async for attempt in attempts:
-                with attempt:
-                    if attempt.retry_state.attempt_number > 1:
+            try:
+                # Most batches succeed at once: the first attempt skips the retry machinery,
+                # whose setup costs more than a small send.
+                await self._send_once(remaining, failed_on)
+            except _Retriable as e:
+                remaining = e.left
+                if not self.config.retries:
+                    raise e.error from None
+            else:
+                return
+            # RocketMQ retries on another broker group at once; tenacity backs off after that.
+            timeout_s = max(0.0, min(p.deadline for p in remaining) - time.monotonic())
+            attempts = AsyncRetrying(
+                stop=stop_after_attempt(self.config.retries) | stop_after_delay(timeout_s),
+                wait=backoff(),
+                retry=retry_if_exception(lambda e: isinstance(e, _Retriable)),
+                reraise=True,
+            )
+            try:
+                async for attempt in attempts:
+                    with attempt:
                         remaining = await self._reroute(remaining, frozenset(failed_on))
-                    remaining = await self._send_once(remaining, failed_on)
+                        await self._send_once(remaining, failed_on)
+            except _Retriable as e:
+                remaining = e.left
+                raise e.error from None
         except TidemqError as e:
             for p in remaining:
                 self._fail(p, e)
@@ -642,14 +665,20 @@ class AsyncProducer:
             self._set_queue(p, queue)
         return batch
 
-    async def _send_once(self, batch: list[_Pending], failed_on: set[str]) -> list[_Pending]:
+    async def _send_once(self, batch: list[_Pending], failed_on: set[str]) -> None:
+        """One attempt; raises ``_Retriable`` with what is left to retry (everything else is
+        answered: sent, or failed for good)."""
         by_broker: dict[str, list[_Pending]] = {}
         for p in batch:
             assert p.queue is not None
             by_broker.setdefault(p.queue.broker_name, []).append(p)
-        outcomes = await asyncio.gather(
-            *(self._send_to(broker, group) for broker, group in by_broker.items())
-        )
+        if len(by_broker) == 1:
+            [(broker, group)] = by_broker.items()
+            outcomes = [await self._send_to(broker, group)]
+        else:
+            outcomes = await asyncio.gather(
+                *(self._send_to(broker, group) for broker, group in by_broker.items())
+            )
         left: list[_Pending] = []
         error: TidemqError | None = None
         for broker, (group, err) in zip(by_broker, outcomes, strict=True):
@@ -663,8 +692,7 @@ class AsyncProducer:
                 for p in group:
                     self._fail(p, err)
         if error is not None:
-            raise error
-        return left
+            raise _Retriable(error, left)
 
     async def _send_to(
         self, broker: str, group: list[_Pending]

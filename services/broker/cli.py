@@ -41,6 +41,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="ZooKeeper session timeout: how long a killed broker stays routed (default 10000)",
     )
+    p.add_argument("--ha-chunk-bytes", type=int, metavar="N", help="largest replication chunk")
+    p.add_argument(
+        "--ha-idle-timeout-ms",
+        type=int,
+        metavar="N",
+        help="drop a replication link silent this long (default 20000)",
+    )
     p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
@@ -65,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         "zk_root",
         "zk_session_timeout_ms",
         "metrics_listen",
+        "ha_chunk_bytes",
+        "ha_idle_timeout_ms",
     )
     overrides = {k: getattr(args, k) for k in keys}
     if args.store_overrides:

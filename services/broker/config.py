@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from replication import ReplicationConfig
 from services.nameserver import zk_format
 from storage.config import FlushMode
 from storage.errors import ConfigError
@@ -49,6 +50,13 @@ class BrokerConfig:
     zk_root: str = zk_format.DEFAULT_ROOT
     # A SIGKILLed broker leaves the routes this long after its death (plus up to 2 server ticks).
     zk_session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
+    # Replication (docs/replication.md): the largest chunk a master sends, how often a slave
+    # reports at least, how often an idle master sends a heartbeat, and how long either side
+    # waits on a silent link before dropping it.
+    ha_chunk_bytes: int = 256 * 1024
+    ha_report_interval_ms: int = 5_000
+    ha_heartbeat_interval_ms: int = 5_000
+    ha_idle_timeout_ms: int = 20_000
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -76,10 +84,18 @@ class BrokerConfig:
             "max_batch_messages",
             "max_request_bytes",
             "default_queue_nums",
+            "ha_chunk_bytes",
+            "ha_report_interval_ms",
+            "ha_heartbeat_interval_ms",
+            "ha_idle_timeout_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
         problems += self._zk_problems()
+        try:
+            self.replication()
+        except ConfigError as e:
+            problems.append(str(e))
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
 
@@ -102,6 +118,14 @@ class BrokerConfig:
             except zk_format.ZooKeeperConfigError as e:
                 problems.append(str(e))
         return problems
+
+    def replication(self) -> ReplicationConfig:
+        return ReplicationConfig(
+            chunk_bytes=self.ha_chunk_bytes,
+            report_interval_ms=self.ha_report_interval_ms,
+            heartbeat_interval_ms=self.ha_heartbeat_interval_ms,
+            idle_timeout_ms=self.ha_idle_timeout_ms,
+        )
 
     @property
     def advertised(self) -> str:

@@ -15,12 +15,20 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from protos import (
+    broker_pb2,
+    broker_pb2_grpc,
+    nameserver_pb2,
+    nameserver_pb2_grpc,
+    replication_pb2_grpc,
+)
+from replication.transport import SlaveClient
 from services.broker.clients import ClientRegistry
-from services.broker.config import BrokerConfig
+from services.broker.config import BrokerConfig, BrokerRole
 from services.broker.long_polling import PullWaiters
 from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
+from services.broker.replication import TypedReplicationServicer, identity
 from services.broker.servicer import BrokerServicer, broker_info, topic_protos
 from services.broker.topics import TopicManager
 from services.broker.zk_registration import ZkRegistration
@@ -53,6 +61,8 @@ class Broker:
         self.server: grpc.aio.Server | None = None
         self.servicer: BrokerServicer | None = None
         self.health: health.aio.HealthServicer | None = None
+        self.replication: TypedReplicationServicer | None = None
+        self.slave: SlaveClient | None = None
         self.metrics: BrokerMetrics | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._register_now = asyncio.Event()
@@ -91,6 +101,18 @@ class Broker:
         add_servicer(broker_pb2_grpc.add_BrokerServicer_to_server, self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if self.config.role is BrokerRole.SLAVE:
+            self.slave = SlaveClient(self.store, identity(self.config), self.config.replication())
+        else:
+            # Slaves replicate from the Broker service's own port (the advertised ha_address).
+            self.replication = TypedReplicationServicer(
+                self.store, identity(self.config), self.config.replication()
+            )
+            add_servicer(
+                replication_pb2_grpc.add_ReplicationServicer_to_server,
+                self.replication,
+                self.server,
+            )
         self.bound_port = self.server.add_insecure_port(self.config.listen)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.listen}")
@@ -107,6 +129,8 @@ class Broker:
             asyncio.create_task(self._every(10_000, self._expire_clients)),
             asyncio.create_task(self._register_loop()),
         ]
+        if self.slave is not None:
+            self._tasks.append(asyncio.create_task(self.slave.run()))
         log.info(
             "broker %s/%d serving on %s (store %s)",
             self.config.broker_name,
@@ -152,9 +176,14 @@ class Broker:
         try:
             async with grpc.aio.insecure_channel(nameserver) as channel:
                 stub = nameserver_pb2_grpc.NameServerStub(channel)
-                await stub.RegisterBroker(request, timeout=REGISTER_TIMEOUT_S)
+                response = await stub.RegisterBroker(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
             log.warning("registering with nameserver %s failed: %s", nameserver, e.details())
+            return
+        if self.slave is not None:
+            # The registry tells a slave where its master replicates from (RocketMQ's
+            # RegisterBrokerResult.haServerAddr); empty while the group has no live master.
+            self.slave.set_master(response.master_ha_address)
 
     async def _unregister_all(self) -> None:
         info = broker_info(self.config, self.topics)
@@ -181,8 +210,12 @@ class Broker:
         if self.zk is not None:
             # Out of the routes before draining: new requests are refused from here on anyway.
             await self.zk.stop()
+        if self.replication is not None:
+            self.replication.close()
         for t in self._tasks:
             t.cancel()
+        # The slave's link appends to the store: it must be gone before the store closes.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.server is not None:
             await self.server.stop(self.config.shutdown_grace_ms / 1000)
         await self._unregister_all()

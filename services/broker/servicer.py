@@ -404,6 +404,8 @@ def broker_info(config: BrokerConfig, topics: TopicManager) -> Any:
             cluster=config.cluster, broker_name=config.broker_name, broker_id=config.broker_id
         ),
         address=config.advertised,
+        # Masters serve replication on the Broker service's own port; slaves serve none.
+        ha_address="" if config.role is BrokerRole.SLAVE else config.advertised,
         role=common_pb2.BrokerRole.Value(config.role.value),
         data_version=common_pb2.DataVersion(
             state_version=dv.state_version, counter=dv.counter, timestamp_ms=dv.timestamp_ms

@@ -1,0 +1,21 @@
+"""Replication: a slave streams its master's CommitLog and rebuilds its own indexes from it.
+
+Layers, as etcd raft keeps its progress tracker apart from the network: ``master`` and ``slave``
+are the pure state machines (no sockets, no clocks: callers pass ``now_ms``), ``log`` is what they
+know of a CommitLog (and the probes a slave sends to prove where it stands), ``transport`` is the
+thin grpc.aio layer. Imports ``storage`` and the generated ``protos`` only, never ``services``.
+"""
+
+from replication.config import ReplicationConfig
+from replication.master import Accept, Identity, MasterTracker, Refusal, RefusalKind
+from replication.slave import SlaveSession
+
+__all__ = [
+    "Accept",
+    "Identity",
+    "MasterTracker",
+    "Refusal",
+    "RefusalKind",
+    "ReplicationConfig",
+    "SlaveSession",
+]

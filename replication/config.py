@@ -1,0 +1,58 @@
+"""Replication settings, validated once at construction; every name carries its unit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from storage.errors import ConfigError
+
+# Slaves accept messages up to this size (plus framing), whatever their own settings say.
+MAX_CHUNK_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    # Largest chunk the master sends (RocketMQ's haTransferBatchSize is 32 KiB; bigger chunks
+    # catch up an empty slave faster and cost one report each).
+    chunk_bytes: int = 256 * 1024
+    # Bytes sent but not yet acknowledged per slave: bounds what sits in gRPC buffers.
+    max_in_flight_bytes: int = 16 * 1024 * 1024
+    # The slave reports after every chunk and at least this often.
+    report_interval_ms: int = 5_000
+    # The master sends a heartbeat when it has sent nothing for this long.
+    heartbeat_interval_ms: int = 5_000
+    # Either side drops a link it has heard nothing on for this long.
+    idle_timeout_ms: int = 20_000
+    # How often an idle master looks for new CommitLog bytes.
+    poll_interval_ms: int = 10
+    # Reconnect backoff of the slave: exponential from the first value, capped at the second.
+    reconnect_min_ms: int = 200
+    reconnect_max_ms: int = 5_000
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} must be > 0"
+            for name in (
+                "chunk_bytes",
+                "max_in_flight_bytes",
+                "report_interval_ms",
+                "heartbeat_interval_ms",
+                "idle_timeout_ms",
+                "poll_interval_ms",
+                "reconnect_min_ms",
+                "reconnect_max_ms",
+            )
+            if getattr(self, name) <= 0
+        ]
+        if self.chunk_bytes > MAX_CHUNK_BYTES:
+            problems.append(f"chunk_bytes must be <= {MAX_CHUNK_BYTES}")
+        if self.max_in_flight_bytes < self.chunk_bytes:
+            problems.append("max_in_flight_bytes must be >= chunk_bytes")
+        # A link must carry traffic well inside the idle timeout, or healthy links get dropped.
+        for name in ("report_interval_ms", "heartbeat_interval_ms"):
+            if getattr(self, name) * 2 > self.idle_timeout_ms:
+                problems.append(f"{name} must be at most half of idle_timeout_ms")
+        if self.reconnect_min_ms > self.reconnect_max_ms:
+            problems.append("reconnect_min_ms must be <= reconnect_max_ms")
+        if problems:
+            raise ConfigError("invalid replication config: " + "; ".join(problems))

@@ -1,0 +1,143 @@
+"""What replication knows of a CommitLog: its range, the CRC of any range it holds, and the probes
+a slave sends so its master can tell whether the two logs still agree.
+
+Probe format (``LogProbe`` in protos/replication.proto): (offset, length, crc32) where crc32 is
+``zlib.crc32`` of the raw CommitLog bytes [offset, offset + length). A slave sends, newest first:
+
+1. the tail: from the start of its last whole record to its end (a blank marker or a record
+   half-received from a chunk included), so "everything I hold is yours" is one comparison;
+2. its last whole record alone;
+3. the first record of each CommitLog file, newest file first (at most ``MAX_FILE_PROBES``).
+
+Every probe but the tail starts and ends on a record boundary of the slave's log, so when the
+master finds one it holds byte for byte, that end is a record boundary of both logs: a safe place
+to cut the slave back to. Records carry their own physical offset and store timestamp, so equal
+bytes at the same offset are the same record, not a coincidence. After such a cut the slave
+fetches again at most one file of bytes it already had.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Protocol
+
+from storage.commitlog import CommitLog
+from storage.errors import OffsetBelowMinError
+from storage.record import OK, RecordInfo
+
+MAX_FILE_PROBES = 64
+_READ_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    offset: int
+    length: int
+    crc32: int
+
+
+class LogView(Protocol):
+    """A CommitLog as the master's handshake sees it."""
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    def crc_of(self, offset: int, length: int) -> int | None:
+        """CRC-32 of [offset, offset + length), or None when the log does not hold all of it."""
+        ...
+
+
+class CommitLogView:
+    """A LogView over a live CommitLog (read-only; safe beside the appending thread, which only
+    ever adds bytes past what this reads)."""
+
+    def __init__(self, commitlog: CommitLog) -> None:
+        self._cl = commitlog
+
+    @property
+    def min_offset(self) -> int:
+        return self._cl.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self._cl.max_offset
+
+    def crc_of(self, offset: int, length: int) -> int | None:
+        if length <= 0 or offset < self._cl.min_offset or offset + length > self._cl.max_offset:
+            return None
+        crc = 0
+        end = offset + length
+        try:
+            while offset < end:
+                data = self._cl.read_raw(offset, min(_READ_BYTES, end - offset))
+                if not data:
+                    return None
+                crc = zlib.crc32(data, crc)
+                offset += len(data)
+        except OffsetBelowMinError:  # retention deleted the file while we read it
+            return None
+        return crc
+
+
+def slave_probes(commitlog: CommitLog, max_file_probes: int = MAX_FILE_PROBES) -> list[Probe]:
+    """The probes a slave sends in its handshake (see the module docstring), newest first."""
+    end = commitlog.max_offset
+    files = commitlog.mfq.files
+    if not files or end <= commitlog.min_offset:
+        return []
+    view = CommitLogView(commitlog)
+    seen: set[tuple[int, int]] = set()
+    probes: list[Probe] = []
+
+    def add(offset: int, length: int) -> None:
+        crc = view.crc_of(offset, length)
+        if crc is not None and (offset, length) not in seen:
+            seen.add((offset, length))
+            probes.append(Probe(offset, length, crc))
+
+    last = _last_record(commitlog, end)
+    if last is not None:
+        add(last[0], end - last[0])
+        add(*last)
+    for f in reversed(files[-max_file_probes:]):
+        first = _first_record(commitlog, f.base_offset, end)
+        if first is not None:
+            add(*first)
+    return probes
+
+
+def _records(commitlog: CommitLog, start: int, end: int) -> list[tuple[int, int]]:
+    """(offset, size) of the whole records in [start, end), CRCs unchecked: probes are compared
+    with the master's bytes, which is a stronger check than the CRC."""
+    out = []
+    for at, status, info in commitlog.iter_records(start, end, verify_from=end):
+        if status != OK:
+            break
+        assert isinstance(info, RecordInfo)
+        out.append((at, info.size))
+    return out
+
+
+def _last_record(commitlog: CommitLog, end: int) -> tuple[int, int] | None:
+    """The last whole record below ``end``: looked for in the last file, then the one before (the
+    last may hold only the start of a record)."""
+    files = commitlog.mfq.files
+    for f in reversed(files[-2:]):
+        if f.base_offset >= end:
+            continue
+        records = _records(commitlog, f.base_offset, min(f.end_offset, end))
+        if records:
+            return records[-1]
+    return None
+
+
+def _first_record(commitlog: CommitLog, base: int, end: int) -> tuple[int, int] | None:
+    for at, status, info in commitlog.iter_records(base, end, verify_from=end):
+        if status == OK and isinstance(info, RecordInfo):
+            return at, info.size
+        return None
+    return None

@@ -1,0 +1,270 @@
+"""The master side of replication as a pure state machine: who may replicate (the handshake),
+where each slave starts, and per-slave progress. No sockets, no clock: callers pass ``now_ms``
+and carry out the returned actions (``transport.py`` does, over gRPC).
+
+Per-slave invariant (etcd raft's Progress, with bytes for indexes):
+``start_offset <= acked_offset <= sent_offset <= master max offset``. A report beyond what was
+sent is a protocol error, not an ack: nothing a slave says can confirm bytes it never received
+(RocketMQ #3015, where any 8 bytes on the HA port counted as an ack). Lag is derived
+(``master_max - acked_offset``), never stored.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from replication.config import ReplicationConfig
+from replication.log import LogView, Probe
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    cluster: str
+    broker_name: str
+    broker_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """What a slave says first (protos/replication.proto ``Handshake``)."""
+
+    identity: Identity
+    commitlog_file_size: int
+    empty: bool
+    min_offset: int
+    max_offset: int
+    probes: Sequence[Probe] = ()
+
+
+class RefusalKind(enum.Enum):
+    STRANGER = "stranger"  # another cluster or broker group, or broker id 0
+    NOT_MASTER = "not_master"  # the callee does not serve replication
+    INCOMPATIBLE = "incompatible"  # a store layout the two logs cannot share
+    PROTOCOL = "protocol"  # a malformed or out-of-order message
+    NO_COMMON_HISTORY = "no_common_history"  # nothing the master still holds can continue it
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    kind: RefusalKind
+    reason: str
+    master_min_offset: int = 0
+    master_max_offset: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    start_offset: int
+    truncate: bool
+    reason: str
+    master_min_offset: int
+    master_max_offset: int
+
+
+def decide_handshake(
+    local: Identity, file_size: int, hs: Handshake, log: LogView
+) -> Accept | Refusal:
+    """Validate a handshake and choose where the slave's stream starts."""
+    them = hs.identity
+    if (them.cluster, them.broker_name) != (local.cluster, local.broker_name):
+        return Refusal(
+            RefusalKind.STRANGER,
+            f"broker {them.cluster}/{them.broker_name} is not in this group "
+            f"({local.cluster}/{local.broker_name})",
+        )
+    if them.broker_id <= 0 or them.broker_id == local.broker_id:
+        return Refusal(
+            RefusalKind.STRANGER,
+            f"broker id {them.broker_id} cannot replicate: slaves have ids > 0 and this master "
+            f"is {local.broker_id}",
+        )
+    if hs.commitlog_file_size != file_size:
+        return Refusal(
+            RefusalKind.INCOMPATIBLE,
+            f"slave CommitLog files are {hs.commitlog_file_size} bytes, the master's {file_size}",
+        )
+    lo, hi = log.min_offset, log.max_offset
+
+    def accept(start: int, reason: str, truncate: bool = False) -> Accept:
+        return Accept(start, truncate, reason, lo, hi)
+
+    def no_common(reason: str) -> Refusal:
+        return Refusal(RefusalKind.NO_COMMON_HISTORY, reason, lo, hi)
+
+    if hs.empty:
+        # The whole retained history, not only the last file (RocketMQ #3661).
+        return accept(lo, f"empty slave: from the master's min offset {lo}")
+    if hs.max_offset == hs.min_offset:
+        if hs.min_offset == lo:
+            return accept(lo, f"slave log is empty at {lo}, the master's min offset")
+        return no_common(
+            f"slave log is empty at {hs.min_offset} but the master's starts at {lo}; wipe the "
+            f"slave's store to replicate from scratch"
+        )
+    tail = hs.probes[0] if hs.probes else None
+    if (
+        hs.max_offset <= hi
+        and tail is not None
+        and tail.offset + tail.length == hs.max_offset
+        and log.crc_of(tail.offset, tail.length) == tail.crc32
+    ):
+        return accept(hs.max_offset, f"slave continues at {hs.max_offset}")
+    why = (
+        f"slave log ends at {hs.max_offset}, beyond the master's {hi}"
+        if hs.max_offset > hi
+        else f"slave tail before {hs.max_offset} differs from the master's bytes"
+    )
+    for p in hs.probes[1:]:
+        if log.crc_of(p.offset, p.length) == p.crc32:
+            common = p.offset + p.length
+            return accept(common, f"{why}; last common offset {common}", truncate=True)
+    if hs.min_offset == lo:
+        return accept(lo, f"{why}; no record in common, cut back to {lo}", truncate=True)
+    return no_common(
+        f"{why}, and no record it holds from {hs.min_offset} matches the master's log "
+        f"[{lo}, {hi}); wipe the slave's store to replicate from scratch"
+    )
+
+
+class LinkState(enum.Enum):
+    STREAM = "stream"  # accepted; chunks flow
+    CLOSED = "closed"  # dropped or replaced by a newer link of the same slave
+
+
+@dataclass
+class SlaveProgress:
+    """One slave's link, from its accepted handshake to its end."""
+
+    link_id: int
+    broker_id: int
+    start_offset: int
+    sent_offset: int
+    acked_offset: int
+    connected_ms: int
+    last_heard_ms: int
+    last_sent_ms: int
+    last_report_ms: int = -1
+    state: LinkState = LinkState.STREAM
+    error: str | None = None
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return self.sent_offset - self.acked_offset
+
+    def lag_bytes(self, master_max_offset: int) -> int:
+        return master_max_offset - self.acked_offset
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendHeartbeat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    reason: str
+
+
+Action = Send | SendHeartbeat | Wait | Drop
+
+
+@dataclass
+class MasterTracker:
+    """Every connected slave's progress. One link per broker id: a reconnecting slave's new link
+    replaces its old one (which then drops), so an id never counts twice."""
+
+    config: ReplicationConfig
+    file_size: int
+    links: dict[int, SlaveProgress] = field(default_factory=dict)  # link id -> progress
+    _by_broker: dict[int, int] = field(default_factory=dict)  # broker id -> link id
+    _next_link: int = 1
+
+    def connect(self, broker_id: int, accepted: Accept, now_ms: int) -> SlaveProgress:
+        old = self._by_broker.get(broker_id)
+        if old is not None:
+            self._close(old, "replaced by a newer link of the same slave")
+        link = SlaveProgress(
+            link_id=self._next_link,
+            broker_id=broker_id,
+            start_offset=accepted.start_offset,
+            sent_offset=accepted.start_offset,
+            acked_offset=accepted.start_offset,
+            connected_ms=now_ms,
+            last_heard_ms=now_ms,
+            last_sent_ms=now_ms,
+        )
+        self._next_link += 1
+        self.links[link.link_id] = link
+        self._by_broker[broker_id] = link.link_id
+        return link
+
+    def _close(self, link_id: int, reason: str) -> None:
+        p = self.links.get(link_id)
+        if p is not None and p.state is LinkState.STREAM:
+            p.state = LinkState.CLOSED
+            p.error = p.error or reason
+
+    def disconnect(self, link_id: int) -> None:
+        p = self.links.pop(link_id, None)
+        if p is not None and self._by_broker.get(p.broker_id) == link_id:
+            del self._by_broker[p.broker_id]
+
+    def on_report(self, link_id: int, max_offset: int, now_ms: int) -> None:
+        p = self.links[link_id]
+        p.last_heard_ms = now_ms
+        p.last_report_ms = now_ms
+        if max_offset > p.sent_offset:
+            p.error = f"report of {max_offset} beyond the {p.sent_offset} sent"
+        elif max_offset < p.acked_offset:
+            p.error = f"report of {max_offset} below the {p.acked_offset} already acknowledged"
+        else:
+            p.acked_offset = max_offset
+
+    def on_protocol_error(self, link_id: int, reason: str) -> None:
+        self.links[link_id].error = reason
+
+    def on_sent(self, link_id: int, offset: int, length: int, now_ms: int) -> None:
+        p = self.links[link_id]
+        assert offset == p.sent_offset, f"chunk at {offset}, expected {p.sent_offset}"
+        p.sent_offset += length
+        p.last_sent_ms = now_ms
+
+    def on_heartbeat_sent(self, link_id: int, now_ms: int) -> None:
+        self.links[link_id].last_sent_ms = now_ms
+
+    def next_action(self, link_id: int, master_max_offset: int, now_ms: int) -> Action:
+        """What the link's sender does next."""
+        p = self.links[link_id]
+        cfg = self.config
+        if p.state is LinkState.CLOSED:
+            return Drop(p.error or "closed")
+        if p.error is not None:
+            return Drop(p.error)
+        if now_ms - p.last_heard_ms >= cfg.idle_timeout_ms:
+            return Drop(f"slave silent for {now_ms - p.last_heard_ms} ms")
+        room = cfg.max_in_flight_bytes - p.in_flight_bytes
+        if p.sent_offset < master_max_offset and room > 0:
+            file_end = p.sent_offset - p.sent_offset % self.file_size + self.file_size
+            length = min(
+                cfg.chunk_bytes, room, master_max_offset - p.sent_offset, file_end - p.sent_offset
+            )
+            return Send(p.sent_offset, length)
+        if now_ms - p.last_sent_ms >= cfg.heartbeat_interval_ms:
+            return SendHeartbeat()
+        return Wait()
+
+    def progress(self) -> list[SlaveProgress]:
+        return sorted(self.links.values(), key=lambda p: p.broker_id)

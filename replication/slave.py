@@ -1,0 +1,125 @@
+"""The slave side of replication as a pure state machine: what to ask for, whether a chunk fits,
+when to truncate, when to report and when the link is dead. No sockets, no clock, no store: the
+transport appends and truncates, and passes ``now_ms``.
+
+The one rule of a chunk: it starts exactly where the slave's log ends. Anything else (a gap, an
+overlap, a chunk before the handshake was answered) ends the link; the next handshake then
+re-establishes where the two logs agree, instead of appending bytes at the wrong place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ProtocolError(Exception):
+    """The master broke the stream's rules; the link is dropped and re-established."""
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateTo:
+    offset: int
+    reason: str
+
+
+@dataclass
+class SlaveSession:
+    """One link's state, from the handshake to its end."""
+
+    file_size: int
+    report_interval_ms: int
+    idle_timeout_ms: int
+    now_ms: int
+    # Where the next chunk must start; None until the handshake is answered.
+    expected_offset: int | None = None
+    master_max_offset: int = 0
+    last_heard_ms: int = 0
+    last_report_ms: int = -1
+    reported_offset: int = -1
+
+    def __post_init__(self) -> None:
+        # The first report goes out as soon as the handshake is answered (the offset differs);
+        # until then only the idle timeout counts.
+        self.last_heard_ms = self.now_ms
+        self.last_report_ms = self.now_ms
+
+    def on_accepted(
+        self,
+        start_offset: int,
+        truncate: bool,
+        reason: str,
+        master_max_offset: int,
+        local_empty: bool,
+        local_max_offset: int,
+        now_ms: int,
+    ) -> TruncateTo | None:
+        """Check the master's answer against the local log; returns the cut to make first."""
+        if self.expected_offset is not None:
+            raise ProtocolError("a second handshake answer on the same link")
+        self.last_heard_ms = now_ms
+        self.master_max_offset = master_max_offset
+        if not 0 <= start_offset <= master_max_offset:
+            raise ProtocolError(
+                f"start {start_offset} outside the master's log [0, {master_max_offset}]"
+            )
+        action = None
+        if truncate:
+            if local_empty or start_offset > local_max_offset:
+                raise ProtocolError(
+                    f"told to cut back to {start_offset}, but the local log ends at "
+                    f"{local_max_offset}"
+                )
+            action = TruncateTo(start_offset, reason)
+        elif local_empty:
+            if start_offset % self.file_size:
+                raise ProtocolError(f"an empty log cannot start at {start_offset}, inside a file")
+        elif start_offset != local_max_offset:
+            raise ProtocolError(
+                f"told to continue at {start_offset}, but the local log ends at {local_max_offset}"
+            )
+        self.expected_offset = start_offset
+        return action
+
+    def on_chunk(self, offset: int, length: int, now_ms: int) -> None:
+        """Validate a chunk before it is appended."""
+        if self.expected_offset is None:
+            raise ProtocolError("a chunk before the handshake was answered")
+        if offset != self.expected_offset:
+            raise ProtocolError(f"chunk at {offset}, but the log ends at {self.expected_offset}")
+        if length <= 0:
+            raise ProtocolError(f"empty chunk at {offset}")
+        if offset // self.file_size != (offset + length - 1) // self.file_size:
+            raise ProtocolError(f"chunk [{offset}, {offset + length}) spans two CommitLog files")
+        self.last_heard_ms = now_ms
+
+    def on_appended(self, end_offset: int) -> None:
+        self.expected_offset = end_offset
+        self.master_max_offset = max(self.master_max_offset, end_offset)
+
+    def on_heartbeat(self, master_max_offset: int, now_ms: int) -> None:
+        self.last_heard_ms = now_ms
+        self.master_max_offset = master_max_offset
+
+    def report_due(self, local_max_offset: int, now_ms: int) -> bool:
+        """After every appended chunk, and at least every report interval."""
+        return (
+            local_max_offset != self.reported_offset
+            or now_ms - self.last_report_ms >= self.report_interval_ms
+        )
+
+    def on_reported(self, local_max_offset: int, now_ms: int) -> None:
+        self.reported_offset = local_max_offset
+        self.last_report_ms = now_ms
+
+    def silent(self, now_ms: int) -> bool:
+        return now_ms - self.last_heard_ms >= self.idle_timeout_ms
+
+    def next_deadline_ms(self) -> int:
+        """When the transport must look again even if nothing arrives: the next report or the
+        idle timeout, whichever is first."""
+        return min(
+            self.last_report_ms + self.report_interval_ms, self.last_heard_ms + self.idle_timeout_ms
+        )
+
+    def lag_bytes(self) -> int:
+        return max(0, self.master_max_offset - (self.expected_offset or 0))

@@ -1,0 +1,381 @@
+"""The thin grpc.aio layer of replication: the master's ``Replication`` servicer and the slave's
+client loop. Decisions live in ``master.py`` and ``slave.py``; this module reads the clock, moves
+messages (protos/replication.proto) and calls the store.
+
+Master: one ``Stream`` call per slave. A reader task applies the slave's reports to the tracker;
+the handler itself asks the tracker what to do next (send a chunk read with ``read_raw``, send a
+heartbeat, wait, drop) and yields it. gRPC's own flow control and the tracker's in-flight bound
+keep a slow slave from piling bytes up in memory.
+
+Slave: ``SlaveClient.run`` connects to the master's HA address (learnt from registration),
+handshakes, truncates if told to, appends chunks with ``append_raw`` (the store's dispatch thread
+then rebuilds ConsumeQueues and index from them), and reports. A dropped link is reconnected
+with tenacity's exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+
+from protos import replication_pb2, replication_pb2_grpc
+from replication.config import MAX_CHUNK_BYTES, ReplicationConfig
+from replication.log import CommitLogView, Probe, slave_probes
+from replication.master import (
+    Accept,
+    Drop,
+    Handshake,
+    Identity,
+    MasterTracker,
+    Refusal,
+    RefusalKind,
+    Send,
+    SendHeartbeat,
+    decide_handshake,
+)
+from replication.slave import ProtocolError, SlaveSession
+from storage import MessageStore
+from storage.errors import OffsetBelowMinError, StoreError
+
+log = logging.getLogger(__name__)
+
+R = replication_pb2
+
+# What a slave accepts in one message: the largest chunk any master may be configured to send
+# (the slave's own chunk_bytes says nothing about its master's) plus framing.
+_MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
+
+REFUSAL_STATUS = {
+    RefusalKind.STRANGER: grpc.StatusCode.PERMISSION_DENIED,
+    RefusalKind.NOT_MASTER: grpc.StatusCode.FAILED_PRECONDITION,
+    RefusalKind.INCOMPATIBLE: grpc.StatusCode.INVALID_ARGUMENT,
+    RefusalKind.PROTOCOL: grpc.StatusCode.INVALID_ARGUMENT,
+    RefusalKind.NO_COMMON_HISTORY: grpc.StatusCode.OUT_OF_RANGE,
+}
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def handshake_from_proto(m: Any) -> Handshake:
+    return Handshake(
+        identity=Identity(m.cluster, m.broker_name, m.broker_id),
+        commitlog_file_size=m.commitlog_file_size,
+        empty=m.empty,
+        min_offset=m.min_offset,
+        max_offset=m.max_offset,
+        probes=tuple(Probe(p.offset, p.length, p.crc32) for p in m.probes),
+    )
+
+
+class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ignore[misc]
+    """The master's side. ``refuse`` is the hook that fails a refused stream; the broker
+    overrides it to attach its typed ErrorDetail."""
+
+    def __init__(self, store: MessageStore, identity: Identity, config: ReplicationConfig) -> None:
+        self.store = store
+        self.identity = identity
+        self.config = config
+        self.tracker = MasterTracker(config, store.config.commitlog_file_size_bytes)
+        self._closing = False
+
+    def close(self) -> None:
+        """End every stream at its next step (shutdown: the server need not wait for them)."""
+        self._closing = True
+
+    async def refuse(self, context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
+        await context.abort(REFUSAL_STATUS[refusal.kind], refusal.reason)
+        raise AssertionError("unreachable: context.abort raises")
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        cfg = self.config
+        requests = aiter(request_iterator)
+        try:
+            first = await asyncio.wait_for(anext(requests), cfg.idle_timeout_ms / 1000)
+        except (TimeoutError, StopAsyncIteration):
+            await self.refuse(context, Refusal(RefusalKind.PROTOCOL, "no Handshake arrived"))
+        if first.WhichOneof("kind") != "handshake":
+            await self.refuse(
+                context, Refusal(RefusalKind.PROTOCOL, "the first message must be a Handshake")
+            )
+        hs = handshake_from_proto(first.handshake)
+        store = self.store
+        decision = await asyncio.to_thread(
+            decide_handshake,
+            self.identity,
+            store.config.commitlog_file_size_bytes,
+            hs,
+            CommitLogView(store.commitlog),
+        )
+        who = f"{hs.identity.broker_name}/{hs.identity.broker_id} at {context.peer()}"
+        if isinstance(decision, Refusal):
+            log.warning("replication refused to %s: %s", who, decision.reason)
+            await self.refuse(context, decision)
+        assert isinstance(decision, Accept)
+        log.info("replication to %s accepted: %s", who, decision.reason)
+        link = self.tracker.connect(hs.identity.broker_id, decision, monotonic_ms())
+        wake = asyncio.Event()
+        reader = asyncio.create_task(self._read_reports(requests, link.link_id, wake))
+        try:
+            yield R.MasterMessage(
+                accepted=R.HandshakeAccepted(
+                    master_min_offset=decision.master_min_offset,
+                    master_max_offset=decision.master_max_offset,
+                    start_offset=decision.start_offset,
+                    truncate=decision.truncate,
+                    reason=decision.reason,
+                )
+            )
+            async for message in self._send_loop(link.link_id, wake, who):
+                yield message
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self.tracker.disconnect(link.link_id)
+
+    async def _send_loop(self, link_id: int, wake: asyncio.Event, who: str) -> AsyncIterator[Any]:
+        poll_s = self.config.poll_interval_ms / 1000
+        tracker = self.tracker
+        commitlog = self.store.commitlog
+        while not self._closing:
+            action = tracker.next_action(link_id, commitlog.max_offset, monotonic_ms())
+            if isinstance(action, Drop):
+                log.warning("replication to %s dropped: %s", who, action.reason)
+                return
+            if isinstance(action, Send):
+                try:
+                    data = await asyncio.to_thread(
+                        self.store.read_raw, action.offset, action.length
+                    )
+                except OffsetBelowMinError as e:
+                    log.warning("replication to %s dropped: %s", who, e)
+                    return
+                if data:
+                    tracker.on_sent(link_id, action.offset, len(data), monotonic_ms())
+                    yield R.MasterMessage(chunk=R.Chunk(offset=action.offset, data=data))
+                    continue
+            elif isinstance(action, SendHeartbeat):
+                tracker.on_heartbeat_sent(link_id, monotonic_ms())
+                yield R.MasterMessage(heartbeat=R.Heartbeat(master_max_offset=commitlog.max_offset))
+                continue
+            # New bytes are noticed by polling: puts do not signal replication, and a 10 ms look
+            # costs nothing beside the wait. Reports wake the loop at once (the window opened).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), poll_s)
+            wake.clear()
+
+    async def _read_reports(
+        self, requests: AsyncIterator[Any], link_id: int, wake: asyncio.Event
+    ) -> None:
+        tracker = self.tracker
+        try:
+            async for m in requests:
+                if m.WhichOneof("kind") != "report":
+                    tracker.on_protocol_error(link_id, "only Reports may follow the Handshake")
+                    break
+                tracker.on_report(link_id, m.report.max_offset, monotonic_ms())
+                wake.set()
+            else:
+                tracker.on_protocol_error(link_id, "the slave closed the stream")
+        except grpc.aio.AioRpcError as e:
+            tracker.on_protocol_error(link_id, f"stream failed: {e.code()}")
+        wake.set()
+
+
+class LinkDown(Exception):
+    """The link ended before it proved healthy; the slave reconnects after a backoff."""
+
+
+_EOF = object()
+
+
+class SlaveClient:
+    """The slave's side: keeps one replication link to its master up for as long as it runs."""
+
+    def __init__(self, store: MessageStore, identity: Identity, config: ReplicationConfig) -> None:
+        self.store = store
+        self.identity = identity
+        self.config = config
+        self.master_address = ""
+        self._address_known = asyncio.Event()
+        self.session: SlaveSession | None = None
+        self.links = 0
+
+    def set_master(self, address: str) -> None:
+        """The master's HA address, as the registry answered; a change takes effect on the next
+        connection."""
+        if address and address != self.master_address:
+            log.info("replication master is now %s", address)
+            self.master_address = address
+            self._address_known.set()
+
+    async def run(self) -> None:
+        cfg = self.config
+        await self._address_known.wait()
+        while True:
+            retrying = AsyncRetrying(
+                retry=retry_if_exception_type(LinkDown),
+                wait=wait_exponential(
+                    multiplier=cfg.reconnect_min_ms / 1000,
+                    min=cfg.reconnect_min_ms / 1000,
+                    max=cfg.reconnect_max_ms / 1000,
+                ),
+                before_sleep=self._log_retry,
+            )
+            # A link that was healthy for a while and then ended starts a fresh backoff.
+            await retrying(self._link)
+
+    @staticmethod
+    def _log_retry(state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("replication link down (%s); reconnecting in %.1f s", exc, wait)
+
+    async def _link(self) -> None:
+        """One link. Returns if it ran healthy for at least a report interval before it ended;
+        raises LinkDown otherwise."""
+        address = self.master_address
+        started = monotonic_ms()
+        try:
+            await self._stream(address)
+        except (grpc.aio.AioRpcError, ProtocolError, StoreError, LinkDown, TimeoutError) as e:
+            reason = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
+            if monotonic_ms() - started < self.config.report_interval_ms or self.session is None:
+                raise LinkDown(f"{address}: {reason}") from e
+            log.warning("replication link to %s ended: %s", address, reason)
+        except Exception as e:  # a bug must not end replication for good: logged, retried
+            log.exception("replication link to %s failed unexpectedly", address)
+            raise LinkDown(f"{address}: {e!r}") from e
+        finally:
+            self.session = None
+
+    async def _stream(self, address: str) -> None:
+        cfg = self.config
+        store = self.store
+        cl = store.commitlog
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
+        async with grpc.aio.insecure_channel(address, options=options) as channel:
+            call = replication_pb2_grpc.ReplicationStub(channel).Stream()
+            inbox: asyncio.Queue[Any] = asyncio.Queue()
+            reader = asyncio.create_task(self._read(call, inbox))
+            try:
+                await self._handshake(call)
+                session = SlaveSession(
+                    cl.file_size, cfg.report_interval_ms, cfg.idle_timeout_ms, monotonic_ms()
+                )
+                first = await self._next(inbox, session)
+                if first is None or first.WhichOneof("kind") != "accepted":
+                    raise ProtocolError("the master did not answer the handshake")
+                a = first.accepted
+                cut = session.on_accepted(
+                    a.start_offset,
+                    a.truncate,
+                    a.reason,
+                    a.master_max_offset,
+                    local_empty=not cl.mfq.files,
+                    local_max_offset=cl.max_offset,
+                    now_ms=monotonic_ms(),
+                )
+                if cut is not None:
+                    n = await asyncio.to_thread(
+                        store.truncate_to, cut.offset, f"replication: {cut.reason}"
+                    )
+                    log.warning(
+                        "replication: cut %d bytes back to %d (kept under evidence/): %s",
+                        n,
+                        cut.offset,
+                        cut.reason,
+                    )
+                log.info("replicating from %s at %d: %s", address, a.start_offset, a.reason)
+                self.session = session
+                self.links += 1
+                await self._receive(call, inbox, session)
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+                call.cancel()
+
+    async def _handshake(self, call: Any) -> None:
+        cl = self.store.commitlog
+        probes = await asyncio.to_thread(slave_probes, cl)
+        me = self.identity
+        wire_probes = [R.LogProbe(offset=p.offset, length=p.length, crc32=p.crc32) for p in probes]
+        await call.write(
+            R.SlaveMessage(
+                handshake=R.Handshake(
+                    cluster=me.cluster,
+                    broker_name=me.broker_name,
+                    broker_id=me.broker_id,
+                    commitlog_file_size=cl.file_size,
+                    empty=not cl.mfq.files,
+                    min_offset=cl.min_offset,
+                    max_offset=cl.max_offset,
+                    probes=wire_probes,
+                )
+            )
+        )
+
+    async def _receive(self, call: Any, inbox: asyncio.Queue[Any], session: SlaveSession) -> None:
+        store = self.store
+        while True:
+            now = monotonic_ms()
+            offset = session.expected_offset
+            assert offset is not None
+            if session.report_due(offset, now):
+                await call.write(R.SlaveMessage(report=R.Report(max_offset=offset)))
+                session.on_reported(offset, now)
+            m = await self._next(inbox, session)
+            if m is None:
+                continue
+            kind = m.WhichOneof("kind")
+            if kind == "chunk":
+                data = m.chunk.data
+                session.on_chunk(m.chunk.offset, len(data), monotonic_ms())
+                end = await asyncio.to_thread(store.append_raw, m.chunk.offset, data)
+                session.on_appended(end)
+            elif kind == "heartbeat":
+                session.on_heartbeat(m.heartbeat.master_max_offset, monotonic_ms())
+            else:
+                raise ProtocolError(f"unexpected {kind} on an established link")
+
+    async def _next(self, inbox: asyncio.Queue[Any], session: SlaveSession) -> Any | None:
+        """The next message, or None when a report falls due first; raises when the link died."""
+        now = monotonic_ms()
+        if session.silent(now):
+            raise LinkDown(f"master silent for {now - session.last_heard_ms} ms")
+        timeout_s = max(0, session.next_deadline_ms() - now) / 1000
+        try:
+            m = await asyncio.wait_for(inbox.get(), timeout_s)
+        except TimeoutError:
+            return None
+        if m is _EOF:
+            raise LinkDown("the master ended the stream")
+        if isinstance(m, BaseException):
+            raise m
+        return m
+
+    @staticmethod
+    async def _read(call: Any, inbox: asyncio.Queue[Any]) -> None:
+        # Its own task: cancelling a pending read would cancel the whole call, so the session
+        # times out on the queue instead.
+        try:
+            while True:
+                m = await call.read()
+                if m is grpc.aio.EOF:
+                    inbox.put_nowait(_EOF)
+                    return
+                inbox.put_nowait(m)
+        except grpc.aio.AioRpcError as e:
+            inbox.put_nowait(e)

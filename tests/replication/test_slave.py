@@ -1,0 +1,92 @@
+"""The slave's state machine, scripted: answers to its handshake, chunks, reports, silence."""
+
+from __future__ import annotations
+
+import pytest
+
+from replication.slave import ProtocolError, SlaveSession, TruncateTo
+
+pytestmark = pytest.mark.unit
+
+FILE = 1000
+
+
+def session() -> SlaveSession:
+    return SlaveSession(FILE, report_interval_ms=5000, idle_timeout_ms=20000, now_ms=0)
+
+
+def test_continue_then_chunks_in_order_and_reports() -> None:
+    s = session()
+    assert (
+        s.on_accepted(550, False, "", 2000, local_empty=False, local_max_offset=550, now_ms=1)
+        is None
+    )
+    assert s.report_due(550, 1)
+    s.on_reported(550, 1)
+    assert not s.report_due(550, 2)
+    s.on_chunk(550, 450, 3)
+    s.on_appended(1000)
+    assert s.report_due(1000, 3)  # after every chunk
+    s.on_reported(1000, 3)
+    assert s.report_due(1000, 5003)  # and at least every interval
+    assert s.lag_bytes() == 1000
+
+
+@pytest.mark.parametrize(
+    ("offset", "length", "needle"),
+    [(600, 10, "log ends at 550"), (550, 0, "empty chunk"), (550, 451, "spans two")],
+)
+def test_bad_chunks_end_the_link(offset: int, length: int, needle: str) -> None:
+    s = session()
+    s.on_accepted(550, False, "", 2000, local_empty=False, local_max_offset=550, now_ms=0)
+    with pytest.raises(ProtocolError, match=needle):
+        s.on_chunk(offset, length, 0)
+
+
+def test_chunk_before_the_answer_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="before the handshake"):
+        session().on_chunk(0, 10, 0)
+
+
+def test_told_to_truncate_cuts_back_first() -> None:
+    s = session()
+    cut = s.on_accepted(
+        300, True, "diverged", 900, local_empty=False, local_max_offset=700, now_ms=0
+    )
+    assert cut == TruncateTo(300, "diverged")
+    assert s.expected_offset == 300
+
+
+@pytest.mark.parametrize(
+    ("start", "truncate", "empty", "local_max", "needle"),
+    [
+        (400, False, False, 550, "continue at 400"),
+        (800, True, False, 550, "cut back to 800"),
+        (0, True, True, 0, "cut back to 0"),
+        (1500, False, True, 0, "inside a file"),
+        (3000, False, True, 0, "outside the master's log"),
+    ],
+)
+def test_answers_that_do_not_fit_the_local_log_are_refused(
+    start: int, truncate: bool, empty: bool, local_max: int, needle: str
+) -> None:
+    with pytest.raises(ProtocolError, match=needle):
+        session().on_accepted(start, truncate, "", 2000, empty, local_max, 0)
+
+
+def test_an_empty_log_starts_at_any_file_boundary() -> None:
+    s = session()
+    assert (
+        s.on_accepted(2000, False, "", 2500, local_empty=True, local_max_offset=0, now_ms=0) is None
+    )
+    s.on_chunk(2000, 500, 1)
+
+
+def test_silence_and_the_next_deadline() -> None:
+    s = session()
+    s.on_accepted(0, False, "", 0, local_empty=True, local_max_offset=0, now_ms=0)
+    s.on_reported(0, 0)
+    assert s.next_deadline_ms() == 5000
+    s.on_heartbeat(10, 4000)
+    assert not s.silent(23999)
+    assert s.silent(24000)
