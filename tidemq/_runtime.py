@@ -96,6 +96,14 @@ class LoopThread:
             raise RuntimeError("a blocking tidemq call was made from inside its own event loop")
         return self.submit(coro).result(timeout_s)
 
+    def finish(self, close: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run a client's ``close`` on the loop, then stop the loop; a second call does nothing."""
+        try:
+            if not self.loop.is_closed():
+                self.run(close())
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         if self.loop.is_closed():
             return

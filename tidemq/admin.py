@@ -325,11 +325,7 @@ class Admin:
         self.close()
 
     def close(self) -> None:
-        try:
-            if not self._runner.loop.is_closed():
-                self._runner.run(self._core.close())
-        finally:
-            self._runner.stop()
+        self._runner.finish(self._core.close)
 
     def cluster_status(self) -> dict[str, Any]:
         return self._runner.run(self._core.cluster_status())

@@ -587,8 +587,4 @@ class Consumer:
         return self._core.last_error
 
     def close(self) -> None:
-        try:
-            if not self._runner.loop.is_closed():
-                self._runner.run(self._core.close())
-        finally:
-            self._runner.stop()
+        self._runner.finish(self._core.close)

@@ -845,8 +845,4 @@ class Producer:
         return self._core.stats
 
     def close(self) -> None:
-        try:
-            if not self._runner.loop.is_closed():
-                self._runner.run(self._core.close())
-        finally:
-            self._runner.stop()
+        self._runner.finish(self._core.close)
