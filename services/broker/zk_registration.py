@@ -46,7 +46,7 @@ from services.errors import ServiceError
 from services.nameserver import zk_format
 from services.nameserver.route_table import BrokerRegistration
 from services.nameserver.servicer import registration_from_wire
-from services.nameserver.zk_registry import ZK_ERRORS, new_client
+from services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge, new_client
 from storage.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ def sync_znode(
     raise ZnodeRaceError(f"znode {path} changed under {SYNC_ATTEMPTS} attempts in a row")
 
 
-class ZkRegistration:
+class ZkRegistration(KazooLoopBridge):
     """The broker's znode; ``start``, ``refresh`` and ``stop`` are called on the event loop."""
 
     def __init__(
@@ -198,19 +198,6 @@ class ZkRegistration:
             # The broker's shutdown goes on to close its store cleanly whatever happened here;
             # the session expires on its own and takes the znode with it.
             log.exception("leaving ZooKeeper failed")
-
-    # -- kazoo's threads ------------------------------------------------------------------------
-
-    def _on_session_event(self, state: str) -> None:
-        self._post(self._session_changed, state)
-
-    def _on_watch(self, event: Any) -> None:
-        self._post(self._wake.set)
-
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
-            self._loop.call_soon_threadsafe(fn, *args)
 
     # -- the loop -------------------------------------------------------------------------------
 

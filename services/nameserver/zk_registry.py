@@ -231,7 +231,30 @@ def read_znodes(
 # -- the backend ----------------------------------------------------------------------------------
 
 
-class ZooKeeperRegistry:
+class KazooLoopBridge:
+    """Hands kazoo's callbacks (its connection and watch threads, which must never block) over
+    to the asyncio loop that owns the state. Subclasses set ``_loop`` and ``_wake`` and say what
+    a session state change means in ``_session_changed``."""
+
+    _loop: asyncio.AbstractEventLoop | None
+    _wake: asyncio.Event
+
+    def _session_changed(self, state: str) -> None:
+        raise NotImplementedError
+
+    def _on_session_event(self, state: str) -> None:
+        self._post(self._session_changed, state)
+
+    def _on_watch(self, event: Any) -> None:
+        self._post(self._wake.set)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
+            self._loop.call_soon_threadsafe(fn, *args)
+
+
+class ZooKeeperRegistry(KazooLoopBridge):
     """Routes read from ZooKeeper; see the module docstring for the behaviour."""
 
     def __init__(
@@ -319,19 +342,6 @@ class ZooKeeperRegistry:
                 f"this nameserver has not read its routes from ZooKeeper ({self.where}) yet"
             )
         return self._table
-
-    # -- kazoo's threads: hand over to the loop, never block -----------------------------------
-
-    def _on_session_event(self, state: str) -> None:
-        self._post(self._session_changed, state)
-
-    def _on_watch(self, event: Any) -> None:
-        self._post(self._wake.set)
-
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
-            self._loop.call_soon_threadsafe(fn, *args)
 
     # -- the loop -----------------------------------------------------------------------------
 

@@ -62,6 +62,22 @@ def start_zk_broker(
     )
 
 
+def routed_broker(
+    start_nameserver: StartNameServer,
+    start_broker: StartBroker,
+    zk: ZooKeeperServer,
+    root: str,
+    *,
+    session_ms: int = SESSION_MS,
+) -> tuple[NameServerProcess, BrokerProcess]:
+    """A nameserver and broker-a on ZooKeeper, once the nameserver routes its topic "orders"."""
+    ns = start_nameserver(*zk_flags(zk, root))
+    b = start_zk_broker(start_broker, zk, root, session_ms=session_ms)
+    create_topic(b, "orders")
+    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    return ns, b
+
+
 def create_topic(b: BrokerProcess, topic: str, queues: int = 4) -> None:
     b.stub().CreateTopic(
         broker_pb2.CreateTopicRequest(
@@ -208,10 +224,7 @@ def test_killed_broker_leaves_the_routes_within_its_session_timeout(
     start_nameserver: StartNameServer,
     start_broker: StartBroker,
 ) -> None:
-    ns = start_nameserver(*zk_flags(zookeeper, zk_root))
-    b = start_zk_broker(start_broker, zookeeper, zk_root)
-    create_topic(b, "orders")
-    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    ns, b = routed_broker(start_nameserver, start_broker, zookeeper, zk_root)
 
     b.kill()
     killed_at = time.monotonic()
@@ -233,12 +246,9 @@ def test_clean_shutdown_leaves_the_routes_at_once(
     start_nameserver: StartNameServer,
     start_broker: StartBroker,
 ) -> None:
-    ns = start_nameserver(*zk_flags(zookeeper, zk_root))
     # The longest session the server grants (20 ticks): only the broker's own delete can take
     # the route away within the deadline below.
-    b = start_zk_broker(start_broker, zookeeper, zk_root, session_ms=10_000)
-    create_topic(b, "orders")
-    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    ns, b = routed_broker(start_nameserver, start_broker, zookeeper, zk_root, session_ms=10_000)
 
     b.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: route_of(ns, "orders") is None, 5, "the route to go at shutdown")
@@ -265,10 +275,7 @@ def test_routes_stay_while_zookeeper_is_down_and_turn_fresh_when_it_is_back(
     start_broker: StartBroker,
 ) -> None:
     zk = start_zookeeper()
-    ns = start_nameserver(*zk_flags(zk, zk_root))
-    b = start_zk_broker(start_broker, zk, zk_root)
-    create_topic(b, "orders")
-    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    ns, b = routed_broker(start_nameserver, start_broker, zk, zk_root)
     wait_until(lambda: not status(ns).stale, 10, "the nameserver to be in sync")
     route_before = wire(query_route(ns, "orders"))
     info_before = wire(cluster_info(ns))
@@ -294,10 +301,7 @@ def test_broker_registers_again_after_its_session_expired(
     start_nameserver: StartNameServer,
     start_broker: StartBroker,
 ) -> None:
-    ns = start_nameserver(*zk_flags(zookeeper, zk_root))
-    b = start_zk_broker(start_broker, zookeeper, zk_root)
-    create_topic(b, "orders")
-    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    ns, b = routed_broker(start_nameserver, start_broker, zookeeper, zk_root)
     first_session = znode_owner(zookeeper, zk_root, "broker-a")
     assert first_session != 0
 
@@ -328,10 +332,7 @@ def test_restarted_broker_waits_for_its_old_session_then_registers(
     start_nameserver: StartNameServer,
     start_broker: StartBroker,
 ) -> None:
-    ns = start_nameserver(*zk_flags(zookeeper, zk_root))
-    b = start_zk_broker(start_broker, zookeeper, zk_root)
-    create_topic(b, "orders")
-    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    ns, b = routed_broker(start_nameserver, start_broker, zookeeper, zk_root)
     old_session = znode_owner(zookeeper, zk_root, "broker-a")
 
     # Restarted at once on the same store and port, the broker finds its znode still held by
@@ -358,10 +359,7 @@ def test_invalid_znodes_are_skipped_and_reported(
     start_nameserver: StartNameServer,
     start_broker: StartBroker,
 ) -> None:
-    ns = start_nameserver(*zk_flags(zookeeper, zk_root))
-    b = start_zk_broker(start_broker, zookeeper, zk_root)
-    create_topic(b, "orders")
-    wait_until(lambda: route_of(ns, "orders") is not None, 20, "the route of orders")
+    ns, _ = routed_broker(start_nameserver, start_broker, zookeeper, zk_root)
     route_before = wire(query_route(ns, "orders"))
     info_before = wire(cluster_info(ns))
 

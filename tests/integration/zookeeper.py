@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+
+from tests.waiting import wait_until
 
 JAVA_DIR = Path("/usr/share/java")
 JARS = ("zookeeper.jar", "slf4j-log4j12.jar", "log4j-1.2.jar")
@@ -142,16 +143,18 @@ class ZooKeeperServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + timeout_s
-        while "Mode: standalone" not in srvr(self.port):
-            if self.proc.poll() is not None:
-                code = self.proc.returncode
-                self.proc = None
-                raise AssertionError(f"ZooKeeper exited with {code} while starting:\n{self.log()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AssertionError(f"ZooKeeper not serving after {timeout_s}s:\n{self.log()}")
-            time.sleep(0.05)  # polling a port that is not open yet; nothing to wait on instead
+        proc = self.proc
+
+        def serving() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"ZooKeeper exited with {proc.returncode} while starting")
+            return "Mode: standalone" in srvr(self.port)
+
+        try:
+            wait_until(serving, timeout_s, "ZooKeeper to serve")
+        except AssertionError as e:
+            self.stop()
+            raise AssertionError(f"{e}:\n{self.log()}") from None
 
     def stop(self) -> None:
         """SIGTERM by PID and wait (SIGKILL after ``STOP_TIMEOUT_S``)."""
