@@ -109,6 +109,11 @@ class BrokerStub:
                 request_serializer=protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
                 response_deserializer=protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
                 _registered_method=True)
+        self.SyncConfig = channel.unary_unary(
+                '/tidemq.v1.Broker/SyncConfig',
+                request_serializer=protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
+                response_deserializer=protos_dot_broker__pb2.SyncConfigResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -209,6 +214,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SyncConfig(self, request, context):
+        """A slave's config sync (every 3 s): topics and subscription groups when their data version
+        changed (or always when full is set), and every committed consumer offset.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -286,6 +299,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetBrokerStatus,
                     request_deserializer=protos_dot_broker__pb2.GetBrokerStatusRequest.FromString,
                     response_serializer=protos_dot_broker__pb2.GetBrokerStatusResponse.SerializeToString,
+            ),
+            'SyncConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncConfig,
+                    request_deserializer=protos_dot_broker__pb2.SyncConfigRequest.FromString,
+                    response_serializer=protos_dot_broker__pb2.SyncConfigResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -693,6 +711,33 @@ class Broker:
             '/tidemq.v1.Broker/GetBrokerStatus',
             protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
             protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SyncConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/SyncConfig',
+            protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
+            protos_dot_broker__pb2.SyncConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,15 @@ class ReplicationConfig:
     # Reconnect backoff of the slave: exponential from the first value, capped at the second.
     reconnect_min_ms: int = 200
     reconnect_max_ms: int = 5_000
+    # SYNC_MASTER: a send is acknowledged once this many slaves hold it (RocketMQ: 1 slave).
+    min_insync_replicas: int = 1
+    # SYNC_MASTER: how long a send waits for its acknowledgements before FLUSH_SLAVE_TIMEOUT.
+    sync_timeout_ms: int = 3_000
+    # A slave further behind than this is out of sync: it neither acknowledges SYNC sends nor
+    # holds back the confirm offset (RocketMQ's haMaxGapNotInSync).
+    insync_max_lag_bytes: int = 256 * 1024 * 1024
+    # How often the master logs every slave's lag.
+    lag_report_interval_ms: int = 60_000
 
     def __post_init__(self) -> None:
         problems = [
@@ -41,6 +50,10 @@ class ReplicationConfig:
                 "poll_interval_ms",
                 "reconnect_min_ms",
                 "reconnect_max_ms",
+                "min_insync_replicas",
+                "sync_timeout_ms",
+                "insync_max_lag_bytes",
+                "lag_report_interval_ms",
             )
             if getattr(self, name) <= 0
         ]

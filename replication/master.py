@@ -15,6 +15,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from replication.acks import quorum_offset
 from replication.config import ReplicationConfig
 from replication.log import LogView, Probe
 
@@ -36,6 +37,7 @@ class Handshake:
     min_offset: int
     max_offset: int
     probes: Sequence[Probe] = ()
+    address: str = ""
 
 
 class RefusalKind(enum.Enum):
@@ -146,6 +148,10 @@ class SlaveProgress:
     last_heard_ms: int
     last_sent_ms: int
     last_report_ms: int = -1
+    # The slave's advertised address (from its handshake), for status and lag reports.
+    address: str = ""
+    # Store timestamp of the last record the slave has dispatched, as it last reported.
+    last_store_timestamp_ms: int = 0
     state: LinkState = LinkState.STREAM
     error: str | None = None
 
@@ -155,6 +161,29 @@ class SlaveProgress:
 
     def lag_bytes(self, master_max_offset: int) -> int:
         return master_max_offset - self.acked_offset
+
+    def lag_seconds(self, master_max_offset: int, master_last_store_timestamp_ms: int) -> float:
+        """Store-time distance to the master's newest record; both timestamps are the master's
+        (the slave's came with the bytes), so no clock comparison. -1 while unknown (the slave
+        has not dispatched a record yet)."""
+        if self.acked_offset >= master_max_offset:
+            return 0.0
+        if self.last_store_timestamp_ms <= 0:
+            return -1.0
+        return max(0, master_last_store_timestamp_ms - self.last_store_timestamp_ms) / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SlaveLag:
+    """One slave's place, as the lag report, metrics and status show it."""
+
+    broker_id: int
+    address: str
+    acked_offset: int
+    lag_bytes: int
+    lag_seconds: float
+    in_sync: bool
+    connected_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +221,9 @@ class MasterTracker:
     _by_broker: dict[int, int] = field(default_factory=dict)  # broker id -> link id
     _next_link: int = 1
 
-    def connect(self, broker_id: int, accepted: Accept, now_ms: int) -> SlaveProgress:
+    def connect(
+        self, broker_id: int, accepted: Accept, now_ms: int, address: str = ""
+    ) -> SlaveProgress:
         old = self._by_broker.get(broker_id)
         if old is not None:
             self._close(old, "replaced by a newer link of the same slave")
@@ -205,6 +236,7 @@ class MasterTracker:
             connected_ms=now_ms,
             last_heard_ms=now_ms,
             last_sent_ms=now_ms,
+            address=address,
         )
         self._next_link += 1
         self.links[link.link_id] = link
@@ -222,10 +254,13 @@ class MasterTracker:
         if p is not None and self._by_broker.get(p.broker_id) == link_id:
             del self._by_broker[p.broker_id]
 
-    def on_report(self, link_id: int, max_offset: int, now_ms: int) -> None:
+    def on_report(
+        self, link_id: int, max_offset: int, now_ms: int, last_store_timestamp_ms: int = 0
+    ) -> None:
         p = self.links[link_id]
         p.last_heard_ms = now_ms
         p.last_report_ms = now_ms
+        p.last_store_timestamp_ms = max(p.last_store_timestamp_ms, last_store_timestamp_ms)
         if max_offset > p.sent_offset:
             p.error = f"report of {max_offset} beyond the {p.sent_offset} sent"
         elif max_offset < p.acked_offset:
@@ -268,3 +303,38 @@ class MasterTracker:
 
     def progress(self) -> list[SlaveProgress]:
         return sorted(self.links.values(), key=lambda p: p.broker_id)
+
+    def is_in_sync(self, p: SlaveProgress, master_max_offset: int) -> bool:
+        """A live link no further behind than the bound: it may acknowledge SYNC sends."""
+        return (
+            p.state is LinkState.STREAM
+            and p.error is None
+            and p.lag_bytes(master_max_offset) <= self.config.insync_max_lag_bytes
+        )
+
+    def in_sync(self, master_max_offset: int) -> list[SlaveProgress]:
+        return [p for p in self.progress() if self.is_in_sync(p, master_max_offset)]
+
+    def quorum_available(self, master_max_offset: int) -> bool:
+        """Enough slaves are in sync for a SYNC send to wait (else SLAVE_NOT_AVAILABLE)."""
+        return len(self.in_sync(master_max_offset)) >= self.config.min_insync_replicas
+
+    def confirmed_offset(self, master_max_offset: int) -> int | None:
+        """What at least ``min_insync_replicas`` in-sync slaves hold; None without a quorum."""
+        acked = [p.acked_offset for p in self.in_sync(master_max_offset)]
+        return quorum_offset(acked, self.config.min_insync_replicas)
+
+    def lags(self, master_max_offset: int, master_last_store_timestamp_ms: int) -> list[SlaveLag]:
+        return [
+            SlaveLag(
+                broker_id=p.broker_id,
+                address=p.address,
+                acked_offset=p.acked_offset,
+                lag_bytes=p.lag_bytes(master_max_offset),
+                lag_seconds=p.lag_seconds(master_max_offset, master_last_store_timestamp_ms),
+                in_sync=self.is_in_sync(p, master_max_offset),
+                connected_ms=p.connected_ms,
+            )
+            for p in self.progress()
+            if p.state is LinkState.STREAM
+        ]

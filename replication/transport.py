@@ -19,13 +19,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from protos import replication_pb2, replication_pb2_grpc
+from replication.acks import GroupAck
 from replication.config import MAX_CHUNK_BYTES, ReplicationConfig
 from replication.log import CommitLogView, Probe, slave_probes
 from replication.master import (
@@ -38,11 +39,13 @@ from replication.master import (
     RefusalKind,
     Send,
     SendHeartbeat,
+    SlaveLag,
     decide_handshake,
 )
 from replication.slave import ProtocolError, SlaveSession
 from storage import MessageStore
 from storage.errors import OffsetBelowMinError, StoreError
+from storage.results import PutStatus
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +76,7 @@ def handshake_from_proto(m: Any) -> Handshake:
         min_offset=m.min_offset,
         max_offset=m.max_offset,
         probes=tuple(Probe(p.offset, p.length, p.crc32) for p in m.probes),
+        address=m.address,
     )
 
 
@@ -86,10 +90,69 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         self.config = config
         self.tracker = MasterTracker(config, store.config.commitlog_file_size_bytes)
         self._closing = False
+        # Every link's sender waits on its event; an append wakes them all at once.
+        self._wakes: set[asyncio.Event] = set()
+        self._acks: GroupAck[asyncio.Future[None]] = GroupAck()
+        # The highest offset a quorum of in-sync slaves ever held; never moves back, so what a
+        # consumer was shown under confirm_offset stays shown.
+        self.confirmed_offset = 0
+        self._confirm_listeners: list[Callable[[int], None]] = []
 
     def close(self) -> None:
-        """End every stream at its next step (shutdown: the server need not wait for them)."""
+        """End every stream at its next step (shutdown: the server need not wait for them), and
+        answer every SYNC send still waiting: it times out now rather than at the deadline."""
         self._closing = True
+        for e in self._wakes:
+            e.set()
+        for fut in self._acks.drain():
+            if not fut.done():
+                fut.set_exception(TimeoutError("the master is shutting down"))
+
+    def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
+        """Called on the event loop whenever the confirmed offset moves up."""
+        self._confirm_listeners.append(listener)
+
+    def notify_appended(self) -> None:
+        """New CommitLog bytes: every link sends them now instead of at its next poll."""
+        for e in self._wakes:
+            e.set()
+
+    async def replicate(self, end_offset: int) -> PutStatus:
+        """SYNC_MASTER: wait until ``min_insync_replicas`` in-sync slaves hold every byte below
+        ``end_offset``. SLAVE_NOT_AVAILABLE at once without enough slaves in sync,
+        FLUSH_SLAVE_TIMEOUT after ``sync_timeout_ms``. The wait is a future the ack handler
+        completes; no thread waits."""
+        if self.confirmed_offset >= end_offset:
+            return PutStatus.PUT_OK
+        if self._closing or not self.tracker.quorum_available(self.store.commitlog.max_offset):
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks.add(end_offset, fut)
+        self.notify_appended()
+        try:
+            await asyncio.wait_for(fut, self.config.sync_timeout_ms / 1000)
+        except TimeoutError:
+            return PutStatus.FLUSH_SLAVE_TIMEOUT
+        return PutStatus.PUT_OK
+
+    def _advance(self) -> None:
+        """The ack handler: after a report, move the confirmed offset and release every send it
+        now covers (one report can acknowledge many sends: group acknowledgement)."""
+        q = self.tracker.confirmed_offset(self.store.commitlog.max_offset)
+        if q is None or q <= self.confirmed_offset:
+            return
+        self.confirmed_offset = q
+        for fut in self._acks.release(q):
+            if not fut.done():
+                fut.set_result(None)
+        for listener in self._confirm_listeners:
+            listener(q)
+
+    def lags(self) -> list[SlaveLag]:
+        store = self.store
+        return self.tracker.lags(
+            store.commitlog.max_offset, store.dispatcher.last_store_timestamp_ms
+        )
 
     async def refuse(self, context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
         await context.abort(REFUSAL_STATUS[refusal.kind], refusal.reason)
@@ -123,8 +186,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             await self.refuse(context, decision)
         assert isinstance(decision, Accept)
         log.info("replication to %s accepted: %s", who, decision.reason)
-        link = self.tracker.connect(hs.identity.broker_id, decision, monotonic_ms())
+        link = self.tracker.connect(hs.identity.broker_id, decision, monotonic_ms(), hs.address)
         wake = asyncio.Event()
+        self._wakes.add(wake)
+        # A reconnecting slave may already hold enough to confirm waiting sends.
+        self._advance()
         reader = asyncio.create_task(self._read_reports(requests, link.link_id, wake))
         try:
             yield R.MasterMessage(
@@ -139,6 +205,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             async for message in self._send_loop(link.link_id, wake, who):
                 yield message
         finally:
+            self._wakes.discard(wake)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
@@ -169,8 +236,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                 tracker.on_heartbeat_sent(link_id, monotonic_ms())
                 yield R.MasterMessage(heartbeat=R.Heartbeat(master_max_offset=commitlog.max_offset))
                 continue
-            # New bytes are noticed by polling: puts do not signal replication, and a 10 ms look
-            # costs nothing beside the wait. Reports wake the loop at once (the window opened).
+            # Sends through the broker wake the loop (notify_appended); the poll is the backstop
+            # for appends that bypass it. Reports wake it too (the window opened).
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), poll_s)
             wake.clear()
@@ -184,7 +251,9 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                 if m.WhichOneof("kind") != "report":
                     tracker.on_protocol_error(link_id, "only Reports may follow the Handshake")
                     break
-                tracker.on_report(link_id, m.report.max_offset, monotonic_ms())
+                r = m.report
+                tracker.on_report(link_id, r.max_offset, monotonic_ms(), r.last_store_timestamp_ms)
+                self._advance()
                 wake.set()
             else:
                 tracker.on_protocol_error(link_id, "the slave closed the stream")
@@ -203,10 +272,17 @@ _EOF = object()
 class SlaveClient:
     """The slave's side: keeps one replication link to its master up for as long as it runs."""
 
-    def __init__(self, store: MessageStore, identity: Identity, config: ReplicationConfig) -> None:
+    def __init__(
+        self,
+        store: MessageStore,
+        identity: Identity,
+        config: ReplicationConfig,
+        address: str = "",
+    ) -> None:
         self.store = store
         self.identity = identity
         self.config = config
+        self.address = address  # what the master shows in its status and lag reports
         self.master_address = ""
         self._address_known = asyncio.Event()
         self.session: SlaveSession | None = None
@@ -323,6 +399,7 @@ class SlaveClient:
                     min_offset=cl.min_offset,
                     max_offset=cl.max_offset,
                     probes=wire_probes,
+                    address=self.address,
                 )
             )
         )
@@ -334,7 +411,9 @@ class SlaveClient:
             offset = session.expected_offset
             assert offset is not None
             if session.report_due(offset, now):
-                await call.write(R.SlaveMessage(report=R.Report(max_offset=offset)))
+                ts = store.dispatcher.last_store_timestamp_ms
+                report = R.Report(max_offset=offset, last_store_timestamp_ms=ts)
+                await call.write(R.SlaveMessage(report=report))
                 session.on_reported(offset, now)
             m = await self._next(inbox, session)
             if m is None:

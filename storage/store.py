@@ -545,10 +545,13 @@ class MessageStore:
         max_count: int = 32,
         max_bytes: int = 256 * 1024,
         tags: Sequence[str] | None = None,
+        max_commitlog_offset: int | None = None,
     ) -> GetResult:
         """Messages of one queue from ``offset``: at most ``max_count``, and no more than
         ``max_bytes`` of records unless the first alone is larger. ``tags`` keeps only messages
-        with one of those tags (None or ``*``: all)."""
+        with one of those tags (None or ``*``: all). ``max_commitlog_offset`` hides records
+        that end beyond it (a master's confirm offset): the read stops before them as it stops
+        before records dispatch has not published, so the range checks are unaffected."""
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             if offset > 0:
@@ -566,14 +569,16 @@ class MessageStore:
         total = 0
         q = offset
         scan_budget = max(max_count * 16, 256)  # bound the work a selective filter can cause
+        visible = readable if max_commitlog_offset is None else min(readable, max_commitlog_offset)
         while q < hi and len(out) < max_count and scan_budget > 0:
             entries = cq.read(q, min(max_count * 4, scan_budget))
             if not entries:
                 break
             for phy, size, code in entries:
                 scan_budget -= 1
-                if phy + size > readable:
-                    # Dispatch wrote the entry but has not published its offset yet.
+                if phy + size > visible:
+                    # Dispatch wrote the entry but has not published its offset yet (or it is
+                    # past the confirm offset).
                     return GetResult(out, q, lo, hi)
                 if wanted is not None and code not in wanted:
                     q += 1

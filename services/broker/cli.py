@@ -49,6 +49,36 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="drop a replication link silent this long (default 20000)",
     )
     p.add_argument(
+        "--ha-min-insync-replicas",
+        type=int,
+        metavar="N",
+        help="SYNC_MASTER: slaves that must hold a send before SEND_OK (default 1)",
+    )
+    p.add_argument(
+        "--ha-sync-timeout-ms",
+        type=int,
+        metavar="N",
+        help="SYNC_MASTER: wait this long for slaves, then FLUSH_SLAVE_TIMEOUT (default 3000)",
+    )
+    p.add_argument(
+        "--ha-lag-report-interval-ms",
+        type=int,
+        metavar="N",
+        help="log every slave's lag this often (default 60000)",
+    )
+    p.add_argument(
+        "--confirm-offset",
+        action="store_true",
+        default=None,
+        help="consumers of this master see only what in-sync slaves hold",
+    )
+    p.add_argument(
+        "--config-sync-interval-ms",
+        type=int,
+        metavar="N",
+        help="slave: copy topics, groups and offsets from the master this often (default 3000)",
+    )
+    p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
@@ -74,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
         "metrics_listen",
         "ha_chunk_bytes",
         "ha_idle_timeout_ms",
+        "ha_min_insync_replicas",
+        "ha_sync_timeout_ms",
+        "ha_lag_report_interval_ms",
+        "confirm_offset",
+        "config_sync_interval_ms",
     )
     overrides = {k: getattr(args, k) for k in keys}
     if args.store_overrides:

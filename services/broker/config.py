@@ -57,6 +57,21 @@ class BrokerConfig:
     ha_report_interval_ms: int = 5_000
     ha_heartbeat_interval_ms: int = 5_000
     ha_idle_timeout_ms: int = 20_000
+    # SYNC_MASTER (docs/replication.md): slaves that must hold a send before SEND_OK, how long a
+    # send waits for them (then FLUSH_SLAVE_TIMEOUT), and how far behind a slave may be and
+    # still count as in sync (further: SLAVE_NOT_AVAILABLE when too few are left).
+    ha_min_insync_replicas: int = 1
+    ha_sync_timeout_ms: int = 3_000
+    ha_insync_max_lag_bytes: int = 256 * 1024 * 1024
+    # How often a master logs each slave's lag (also always live in metrics and status).
+    ha_lag_report_interval_ms: int = 60_000
+    # Consumers of a master see only what min_insync_replicas in-sync slaves hold, so a
+    # failover cannot take back a message a consumer has seen.
+    confirm_offset: bool = False
+    # A slave copies topics, subscription groups and consumer offsets from its master this
+    # often, and sends every table regardless of data versions at least every full interval.
+    config_sync_interval_ms: int = 3_000
+    config_full_sync_interval_ms: int = 60_000
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -88,9 +103,13 @@ class BrokerConfig:
             "ha_report_interval_ms",
             "ha_heartbeat_interval_ms",
             "ha_idle_timeout_ms",
+            "config_sync_interval_ms",
+            "config_full_sync_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
+        if self.config_full_sync_interval_ms < self.config_sync_interval_ms:
+            problems.append("config_full_sync_interval_ms must be >= config_sync_interval_ms")
         problems += self._zk_problems()
         try:
             self.replication()
@@ -125,6 +144,10 @@ class BrokerConfig:
             report_interval_ms=self.ha_report_interval_ms,
             heartbeat_interval_ms=self.ha_heartbeat_interval_ms,
             idle_timeout_ms=self.ha_idle_timeout_ms,
+            min_insync_replicas=self.ha_min_insync_replicas,
+            sync_timeout_ms=self.ha_sync_timeout_ms,
+            insync_max_lag_bytes=self.ha_insync_max_lag_bytes,
+            lag_report_interval_ms=self.ha_lag_report_interval_ms,
         )
 
     @property

@@ -17,7 +17,8 @@ import logging
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
@@ -26,6 +27,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerConfig
+from services.broker.groups import SubscriptionGroupManager
 from services.broker.offsets import OffsetManager
 from services.broker.topics import TopicManager
 from storage import Message, MessageStore
@@ -61,6 +63,8 @@ class BrokerMetrics:
         topics: TopicManager,
         clients: ClientRegistry,
         offsets: OffsetManager,
+        groups: SubscriptionGroupManager,
+        replication_status: Callable[[], Any],
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -117,7 +121,9 @@ class BrokerMetrics:
             "Pulls suspended in a long-poll wait right now",
             registry=r,
         )
-        r.register(StateCollector(config, store, topics, clients, offsets))
+        r.register(
+            StateCollector(config, store, topics, clients, offsets, groups, replication_status)
+        )
         # The standard process_* series (CPU, memory, open files), as every exporter has them.
         ProcessCollector(registry=r)
         self._server: WSGIServer | None = None
@@ -187,12 +193,16 @@ class StateCollector:
         topics: TopicManager,
         clients: ClientRegistry,
         offsets: OffsetManager,
+        groups: SubscriptionGroupManager,
+        replication_status: Callable[[], Any],
     ) -> None:
         self.config = config
         self.store = store
         self.topics = topics
         self.clients = clients
         self.offsets = offsets
+        self.groups = groups
+        self.replication_status = replication_status
 
     def describe(self) -> Iterable[Metric]:
         # Names only, so the registry can refuse a clash without reading the store.
@@ -245,7 +255,24 @@ class StateCollector:
                     lag[group, topic] += max(end - committed, 0)
         for (group, topic), n in sorted(lag.items()):
             fam["lag"].add_metric([group, topic], n)
+        fam["groups"].add_metric([], len(self.groups.groups))
+        self._replication(fam)
         return list(fam.values())
+
+    def _replication(self, fam: dict[str, GaugeMetricFamily]) -> None:
+        rs = self.replication_status()
+        if self.config.role.value == "SLAVE":
+            fam["slave_connected"].add_metric([], 1 if rs.connected else 0)
+            fam["slave_behind"].add_metric([], rs.lag_bytes)
+            fam["config_sync"].add_metric([], rs.last_config_sync_ms / 1000)
+            return
+        fam["confirmed"].add_metric([], rs.confirmed_offset)
+        fam["in_sync"].add_metric([], sum(1 for s in rs.slaves if s.in_sync))
+        for s in rs.slaves:
+            labels = [str(s.broker_id), s.address]
+            fam["lag_bytes"].add_metric(labels, s.lag_bytes)
+            fam["lag_seconds"].add_metric(labels, s.lag_seconds)
+            fam["slave_in_sync"].add_metric(labels, 1 if s.in_sync else 0)
 
 
 _STATE_METRICS: dict[str, tuple[str, str, Sequence[str]]] = {
@@ -301,5 +328,44 @@ _STATE_METRICS: dict[str, tuple[str, str, Sequence[str]]] = {
         "tidemq_consumer_lag_messages",
         "Messages stored but not yet committed by a group, summed over the topic's queues",
         ("group", "topic"),
+    ),
+    "groups": ("tidemq_subscription_groups", "Subscription groups known to this broker", ()),
+    # Master side: one series per connected slave.
+    "lag_bytes": (
+        "tidemq_replication_slave_lag_bytes",
+        "CommitLog bytes the master holds that the slave has not acknowledged",
+        ("slave_id", "slave_address"),
+    ),
+    "lag_seconds": (
+        "tidemq_replication_slave_lag_seconds",
+        "Store-time distance from the master's newest record to the slave's (-1: unknown yet)",
+        ("slave_id", "slave_address"),
+    ),
+    "slave_in_sync": (
+        "tidemq_replication_slave_in_sync",
+        "1 while the slave counts towards SYNC_MASTER acknowledgement and the confirm offset",
+        ("slave_id", "slave_address"),
+    ),
+    "in_sync": ("tidemq_replication_slaves_in_sync", "Slaves in sync right now", ()),
+    "confirmed": (
+        "tidemq_replication_confirmed_offset_bytes",
+        "CommitLog offset held by min_insync_replicas in-sync slaves",
+        (),
+    ),
+    # Slave side.
+    "slave_connected": (
+        "tidemq_replication_connected",
+        "1 while this slave's replication link to its master is up",
+        (),
+    ),
+    "slave_behind": (
+        "tidemq_replication_behind_bytes",
+        "How far this slave is behind its master's log end, as last heard",
+        (),
+    ),
+    "config_sync": (
+        "tidemq_config_sync_last_success_timestamp_seconds",
+        "When this slave last copied topics, groups and offsets from its master (0: never)",
+        (),
     ),
 }

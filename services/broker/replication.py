@@ -1,17 +1,22 @@
 """The broker's wiring of replication: the master's Replication service, whose refusals carry
-typed errors (``replication/`` itself never imports ``services``)."""
+typed errors (``replication/`` itself never imports ``services``), the replication part of
+GetBrokerStatus, and the master's periodic slave-lag report."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+import logging
+from typing import Any, NoReturn
 
 import grpc
 
-from protos import common_pb2
+from protos import broker_pb2, common_pb2
 from replication import Identity, Refusal, RefusalKind
-from replication.transport import REFUSAL_STATUS, ReplicationServicer
+from replication.transport import REFUSAL_STATUS, ReplicationServicer, SlaveClient, monotonic_ms
 from services.broker.config import BrokerConfig
+from services.broker.config_sync import ConfigSync
 from services.errors import ServiceError, abort_with
+
+log = logging.getLogger(__name__)
 
 _CODES = {
     RefusalKind.STRANGER: (common_pb2.NO_PERMISSION, False),
@@ -41,4 +46,60 @@ class TypedReplicationServicer(ReplicationServicer):
                 min_offset=refusal.master_min_offset,
                 max_offset=refusal.master_max_offset,
             ),
+        )
+
+
+def status_proto(
+    config: BrokerConfig,
+    master: ReplicationServicer | None,
+    slave: SlaveClient | None,
+    config_sync: ConfigSync | None,
+) -> Any:
+    """The replication part of GetBrokerStatus (and ``tidemq cluster status``)."""
+    rs = broker_pb2.ReplicationStatus(
+        confirm_offset_enabled=config.confirm_offset,
+        min_insync_replicas=config.ha_min_insync_replicas,
+    )
+    if master is not None:
+        now = monotonic_ms()
+        rs.confirmed_offset = master.confirmed_offset
+        for lag in master.lags():
+            rs.slaves.add(
+                broker_id=lag.broker_id,
+                address=lag.address,
+                acked_offset=lag.acked_offset,
+                lag_bytes=lag.lag_bytes,
+                lag_seconds=lag.lag_seconds,
+                in_sync=lag.in_sync,
+                connected_for_ms=now - lag.connected_ms,
+            )
+    if slave is not None:
+        session = slave.session
+        rs.master_address = slave.master_address
+        rs.connected = session is not None
+        if session is not None:
+            rs.master_max_offset = session.master_max_offset
+            rs.lag_bytes = session.lag_bytes()
+    if config_sync is not None:
+        rs.last_config_sync_ms = config_sync.last_sync_ms
+    return rs
+
+
+def report_lag(config: BrokerConfig, master: ReplicationServicer) -> None:
+    """The master's slave-lag report, one log line per slave (RocketMQ logs it every minute)."""
+    lags = master.lags()
+    if not lags:
+        level = logging.WARNING if config.role.value == "SYNC_MASTER" else logging.INFO
+        log.log(level, "replication lag report: no slave connected")
+        return
+    for lag in lags:
+        seconds = "unknown" if lag.lag_seconds < 0 else f"{lag.lag_seconds:.3f} s"
+        log.info(
+            "replication lag report: slave %s/%d at %s is %d bytes and %s behind (%s)",
+            config.broker_name,
+            lag.broker_id,
+            lag.address or "?",
+            lag.lag_bytes,
+            seconds,
+            "in sync" if lag.in_sync else "NOT in sync",
         )

@@ -25,10 +25,17 @@ from protos import (
 from replication.transport import SlaveClient
 from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerConfig, BrokerRole
+from services.broker.config_sync import ConfigSync
+from services.broker.groups import SubscriptionGroupManager
 from services.broker.long_polling import PullWaiters
 from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
-from services.broker.replication import TypedReplicationServicer, identity
+from services.broker.replication import (
+    TypedReplicationServicer,
+    identity,
+    report_lag,
+    status_proto,
+)
 from services.broker.servicer import BrokerServicer, broker_info, topic_protos
 from services.broker.topics import TopicManager
 from services.broker.zk_registration import ZkRegistration
@@ -46,6 +53,7 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
+        self._register_now = asyncio.Event()
         self.store = MessageStore(
             StoreConfig(
                 config.store_dir,
@@ -55,8 +63,21 @@ class Broker:
             )
         )
         self.topics = TopicManager(config.store_dir)
-        self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
+        self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
+        self.config_sync: ConfigSync | None = None
+        if config.role is BrokerRole.SLAVE:
+            # A slave's topics, groups and offsets are its master's (config sync).
+            self.config_sync = ConfigSync(
+                self.topics,
+                self.groups,
+                self.offsets,
+                config.config_sync_interval_ms,
+                config.config_full_sync_interval_ms,
+                on_topics_changed=self._register_now.set,
+            )
+        else:
+            self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
         self.clients = ClientRegistry(expiry_ms=config.client_expiry_ms)
         self.server: grpc.aio.Server | None = None
         self.servicer: BrokerServicer | None = None
@@ -65,7 +86,6 @@ class Broker:
         self.slave: SlaveClient | None = None
         self.metrics: BrokerMetrics | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._register_now = asyncio.Event()
         self.bound_port = 0
         # Built here so a broker that could never register (a bad name) fails before serving.
         self.zk = ZkRegistration.for_broker(config, self.topics) if config.zk_hosts else None
@@ -75,12 +95,30 @@ class Broker:
         await loop.run_in_executor(None, self.store.open)
         waiters = PullWaiters(loop)
         self.store.add_dispatch_listener(waiters.notify)
-        if self.config.metrics_listen:
+        cfg = self.config
+        if cfg.role is BrokerRole.SLAVE:
+            self.slave = SlaveClient(
+                self.store, identity(cfg), cfg.replication(), address=cfg.advertised
+            )
+        else:
+            self.replication = TypedReplicationServicer(
+                self.store, identity(cfg), cfg.replication()
+            )
+            if cfg.confirm_offset:
+                # Pulls held back by the confirm offset look again when it moves.
+                self.replication.add_confirm_listener(lambda _offset: waiters.wake_all())
+        if cfg.metrics_listen:
             self.metrics = BrokerMetrics(
-                self.config, self.store, self.topics, self.clients, self.offsets
+                cfg,
+                self.store,
+                self.topics,
+                self.clients,
+                self.offsets,
+                self.groups,
+                self.replication_status,
             )
         self.servicer = BrokerServicer(
-            self.config,
+            cfg,
             self.store,
             self.topics,
             self.offsets,
@@ -88,6 +126,9 @@ class Broker:
             waiters,
             on_topics_changed=self._register_now.set,
             metrics=self.metrics,
+            groups=self.groups,
+            replication=self.replication,
+            replication_status=self.replication_status,
         )
         # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
         # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
@@ -101,13 +142,8 @@ class Broker:
         add_servicer(broker_pb2_grpc.add_BrokerServicer_to_server, self.servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        if self.config.role is BrokerRole.SLAVE:
-            self.slave = SlaveClient(self.store, identity(self.config), self.config.replication())
-        else:
+        if self.replication is not None:
             # Slaves replicate from the Broker service's own port (the advertised ha_address).
-            self.replication = TypedReplicationServicer(
-                self.store, identity(self.config), self.config.replication()
-            )
             add_servicer(
                 replication_pb2_grpc.add_ReplicationServicer_to_server,
                 self.replication,
@@ -131,6 +167,14 @@ class Broker:
         ]
         if self.slave is not None:
             self._tasks.append(asyncio.create_task(self.slave.run()))
+        if self.config_sync is not None:
+            self._tasks.append(asyncio.create_task(self.config_sync.run()))
+        if self.replication is not None:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._every(self.config.ha_lag_report_interval_ms, self._report_lag)
+                )
+            )
         log.info(
             "broker %s/%d serving on %s (store %s)",
             self.config.broker_name,
@@ -146,6 +190,13 @@ class Broker:
                 await fn()
             except Exception:  # a periodic task's failure is logged and retried next period
                 log.exception("periodic task %s failed", fn.__name__)
+
+    def replication_status(self) -> object:
+        return status_proto(self.config, self.replication, self.slave, self.config_sync)
+
+    async def _report_lag(self) -> None:
+        if self.replication is not None:
+            report_lag(self.config, self.replication)
 
     async def _persist(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.offsets.persist)
@@ -184,6 +235,8 @@ class Broker:
             # The registry tells a slave where its master replicates from (RocketMQ's
             # RegisterBrokerResult.haServerAddr); empty while the group has no live master.
             self.slave.set_master(response.master_ha_address)
+        if self.config_sync is not None:
+            self.config_sync.set_master(response.master_address)
 
     async def _unregister_all(self) -> None:
         info = broker_info(self.config, self.topics)

@@ -17,15 +17,18 @@ from typing import Any, TypeVar
 import grpc
 
 from protos import broker_pb2, broker_pb2_grpc, common_pb2
+from replication.transport import ReplicationServicer
+from services.broker import config_sync
 from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerConfig, BrokerRole
 from services.broker.convert import SEND_STATUS, parse_tag_expression, to_proto, to_store_message
+from services.broker.groups import SubscriptionGroupManager
 from services.broker.long_polling import PullWaiters
 from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
 from services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
 from services.errors import ServiceError, abort_with, invalid, not_found, to_service_error
-from storage import MessageStore
+from storage import MessageStore, PutStatus
 from storage.config import parse_host
 from storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
@@ -78,6 +81,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         waiters: PullWaiters,
         on_topics_changed: Callable[[], None],
         metrics: BrokerMetrics | None = None,
+        groups: SubscriptionGroupManager | None = None,
+        replication: ReplicationServicer | None = None,
+        replication_status: Callable[[], Any] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -87,7 +93,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.waiters = waiters
         self.on_topics_changed = on_topics_changed
         self.metrics = metrics
+        self.groups = groups or SubscriptionGroupManager(config.store_dir)
+        self.replication = replication
+        self.replication_status = replication_status
         self.shutting_down = False
+        self._sync_master = config.role is BrokerRole.SYNC_MASTER and replication is not None
+        # Under confirm_offset, pulls see only what in-sync slaves hold.
+        self._confirm = replication if config.confirm_offset else None
 
     # ------------------------------------------------------------------ helpers
     def _topic(self, name: str, *, for_write: bool) -> TopicConfig:
@@ -121,6 +133,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
                 common_pb2.INVALID_QUEUE_ID,
             )
 
+    def _ensure_master(self, what: str) -> None:
+        if self.config.role is BrokerRole.SLAVE:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.NOT_MASTER,
+                f"this broker is a slave; {what} on the master of its group",
+                retriable=True,
+            )
+
     def _ensure_running(self) -> None:
         if self.shutting_down:
             raise ServiceError(
@@ -135,13 +156,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.monotonic()
         self._ensure_running()
-        if self.config.role is BrokerRole.SLAVE:
-            raise ServiceError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                common_pb2.NOT_MASTER,
-                "this broker is a slave; send to the master of its group",
-                retriable=True,
-            )
+        self._ensure_master("send")
         if not request.messages:
             raise invalid("a send carries at least one message")
         if len(request.messages) > self.config.max_batch_messages:
@@ -157,7 +172,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             self._check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
         put = self.store.put_messages(batch)
-        status = await asyncio.wrap_future(put.durable)
+        repl = self.replication
+        if repl is not None:
+            repl.notify_appended()
+        durable = put.durable
+        if self._sync_master and repl is not None:
+            last = put.results[-1]
+            # Flush and replication run side by side; a replication failure is what the client
+            # hears, as in RocketMQ (FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE over a disk one).
+            replicated = repl.replicate(last.phy_offset + last.size)
+            if durable.done():
+                flushed, status = durable.result(), await replicated
+            else:
+                flushed, status = await asyncio.gather(asyncio.wrap_future(durable), replicated)
+            if status is PutStatus.PUT_OK:
+                status = flushed
+        else:
+            status = durable.result() if durable.done() else await asyncio.wrap_future(durable)
         wire = SEND_STATUS[status]
         if self.metrics is not None:
             self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)
@@ -203,7 +234,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         while True:
             woken = self.waiters.register(topic, qid)
             try:
-                got = self.store.get_messages(topic, qid, request.offset, max_n, max_bytes, tags)
+                cap = self._confirm.confirmed_offset if self._confirm is not None else None
+                got = self.store.get_messages(
+                    topic, qid, request.offset, max_n, max_bytes, tags, max_commitlog_offset=cap
+                )
             except OffsetBelowMinError as e:
                 return broker_pb2.PullMessageResponse(
                     status=broker_pb2.OFFSET_TOO_SMALL,
@@ -301,7 +335,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             subs = {s.topic: s.tag_expression or "*" for s in c.subscriptions}
             for expr in subs.values():
                 parse_tag_expression(expr)
+        for c in request.consumers:
+            subs = {s.topic: s.tag_expression or "*" for s in c.subscriptions}
             self.clients.heartbeat(request.client_id, c.group, c.mode, subs, now)
+            if self.config.role is not BrokerRole.SLAVE and self.groups.observe(
+                c.group, c.mode, subs, now
+            ):
+                log.info("subscription group %s: mode %d, topics %s", c.group, c.mode, list(subs))
         return broker_pb2.HeartbeatResponse()
 
     @typed_errors
@@ -325,7 +365,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             raise invalid(f"offset {request.offset} is negative")
         cfg = self._topic(request.topic, for_write=False)
         self._check_queue(cfg, request.queue_id, for_write=False)
-        self.offsets.commit(request.group, request.topic, request.queue_id, request.offset)
+        self.offsets.commit(
+            request.group, request.topic, request.queue_id, request.offset, _now_ms()
+        )
         return broker_pb2.CommitOffsetResponse()
 
     @typed_errors
@@ -338,6 +380,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     # ------------------------------------------------------------------ topics
     @typed_errors
     async def CreateTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._ensure_master("create topics")
         t = request.topic
         cfg = TopicConfig(
             topic=t.topic,
@@ -356,6 +399,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     @typed_errors
     async def DeleteTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._ensure_master("delete topics")
         if not self.topics.delete(request.topic):
             raise not_found(f"topic {request.topic!r} does not exist", common_pb2.TOPIC_NOT_FOUND)
         self.on_topics_changed()
@@ -379,7 +423,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
                 writable=st.writable,
             ),
             running=not self.shutting_down,
+            replication=self.replication_status() if self.replication_status else None,
         )
+
+    @typed_errors
+    async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return config_sync.answer(request, self.topics, self.groups, self.offsets, _topic_proto)
 
 
 def _topic_proto(t: TopicConfig) -> Any:

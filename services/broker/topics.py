@@ -109,5 +109,17 @@ class TopicManager:
         else:
             self.delete(AUTO_CREATE_TOPIC)
 
+    def replace_all(self, topics: list[TopicConfig], version: DataVersion) -> bool:
+        """Config sync on a slave: the master's topics and data version, as they are (the master
+        validated them); returns whether anything changed."""
+        table = {t.topic: t for t in topics}
+        with self._lock:
+            if table == self.topics and version == self.data_version:
+                return False
+            self.topics = table
+            self.data_version = DataVersion(**asdict(version))
+            self._persist()
+            return True
+
     def all(self) -> list[TopicConfig]:
         return sorted(self.topics.values(), key=lambda t: t.topic)

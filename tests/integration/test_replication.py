@@ -42,10 +42,29 @@ def start(
     )
 
 
-def start_slave(start_broker: StartBroker, ns: NameServerProcess) -> BrokerProcess:
-    slave = start(start_broker, ns, "slave", "--role", "SLAVE", "--broker-id", "1")
-    create_topic(slave)  # topic configs are not synchronised yet; the data is
+def start_slave(
+    start_broker: StartBroker, ns: NameServerProcess, *flags: str, topic: str = "orders"
+) -> BrokerProcess:
+    slave = start(
+        start_broker,
+        ns,
+        "slave",
+        "--role",
+        "SLAVE",
+        "--broker-id",
+        "1",
+        "--config-sync-interval-ms",
+        "300",
+        *flags,
+    )
+    # Topic configs come from the master by config sync, as the data comes by replication.
+    wait_until(lambda: topic in topic_names(slave), 30, f"the slave to learn topic {topic!r}")
     return slave
+
+
+def topic_names(b: BrokerProcess) -> set[str]:
+    r = b.stub().ListTopics(broker_pb2.ListTopicsRequest(), timeout=10)
+    return {t.topic for t in r.topics}
 
 
 def create_topic(b: BrokerProcess, topic: str = "orders") -> None:

@@ -46,8 +46,8 @@ def test_bad_topic_name_is_refused(tmp_path: Path) -> None:
 
 def test_offsets_survive_a_restart_after_persist(tmp_path: Path) -> None:
     om = OffsetManager(str(tmp_path))
-    om.commit("g", "orders", 0, 42)
-    om.commit("g", "orders", 1, 7)
+    om.commit("g", "orders", 0, 42, 1000)
+    om.commit("g", "orders", 1, 7, 1000)
     assert om.persist() and not om.persist()  # nothing new the second time
     again = OffsetManager(str(tmp_path))
     assert again.query("g", "orders", 0) == 42
