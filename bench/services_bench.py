@@ -18,110 +18,61 @@ ratios the issue sets goals on, and one boolean per goal.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TIDEMQ = [sys.executable, "-m", "tidemq.cli"]
-START_TIMEOUT_S = 60
-
-
-def emit(obj: dict[str, Any]) -> None:
-    obj.setdefault("load1", round(os.getloadavg()[0], 2))
-    print(json.dumps(obj), flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+from common import (
+    REPO,
+    TIDEMQ,
+    Process,
+    emit,
+    free_port,
+    perfkit_grpc,
+    tidemq_bench,
+    wait_until,
+)
 
 
 class DevCluster:
     def __init__(self, data: str, flush: str) -> None:
         self.nameserver = f"127.0.0.1:{free_port()}"
-        self.log = os.path.join(data, f"dev-{flush}.out")
         os.makedirs(data, exist_ok=True)
-        with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    *TIDEMQ,
-                    "dev",
-                    "--data",
-                    data,
-                    "--flush",
-                    flush,
-                    "--nameserver-port",
-                    self.nameserver.rsplit(":", 1)[1],
-                    "--broker-port",
-                    str(free_port()),
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=REPO,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while "cluster is up" not in self.output():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"tidemq dev did not start:\n{self.output()}")
-            time.sleep(0.1)
-
-    def output(self) -> str:
-        with open(self.log) as f:
-            return f.read()
+        self.proc = Process(
+            "tidemq dev",
+            [
+                *TIDEMQ,
+                "dev",
+                "--data",
+                data,
+                "--flush",
+                flush,
+                "--nameserver-port",
+                self.nameserver.rsplit(":", 1)[1],
+                "--broker-port",
+                str(free_port()),
+            ],
+            os.path.join(data, f"dev-{flush}.out"),
+        )
+        try:
+            wait_until(lambda: "cluster is up" in self.proc.output(), "tidemq dev", [self.proc])
+        except BaseException:
+            self.stop()
+            raise
 
     def bench(self, *args: str) -> dict[str, Any]:
-        out = subprocess.run(
-            [*TIDEMQ, "bench", *args, "--json", "--nameserver", self.nameserver],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-            check=True,
-        )
-        result: dict[str, Any] = json.loads(out.stdout)
-        return result
+        return tidemq_bench(self.nameserver, *args)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-        self.proc.wait(60)
+        self.proc.stop(signal.SIGINT)
 
 
 def perfkit_ceilings(perfkit: str) -> dict[str, dict[str, Any]]:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "grpc_bench.py",
-            "--runs",
-            "1",
-            "--secs",
-            "4",
-            "--servers",
-            "aio",
-            "--cases",
-            "unary_c1,batch256_c8",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=perfkit,
-        check=True,
-    )
-    found = {}
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[len("RESULT ") :])
-            if r.get("bench") == "grpc.median":
-                found[r["case"]] = r
-    return found
+    return perfkit_grpc(perfkit, ["unary_c1", "batch256_c8"])
 
 
 def one_run(run: int, args: argparse.Namespace, scratch: str) -> dict[str, float]:

@@ -117,6 +117,7 @@ class AsyncAdmin:
                         "disk_usage_ratio": round(st.store.disk_usage_ratio, 4),
                         "writable": st.store.writable,
                     }
+                    entry["replication"] = _replication_json(st.replication)
                     entry["reachable"] = True
                 except TidemqError as e:
                     entry["reachable"] = False
@@ -353,3 +354,33 @@ class Admin:
 
     def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
         return self._runner.run(self._core.reset_offsets(group, topic, to))
+
+
+def _replication_json(rs: Any) -> dict[str, Any]:
+    """A broker's replication status: its slaves' lag (a master) or its link (a slave)."""
+    out: dict[str, Any] = {
+        "confirm_offset_enabled": rs.confirm_offset_enabled,
+        "confirmed_offset": rs.confirmed_offset,
+        "min_insync_replicas": rs.min_insync_replicas,
+        "slaves": [
+            {
+                "broker_id": s.broker_id,
+                "address": s.address,
+                "acked_offset": s.acked_offset,
+                "lag_bytes": s.lag_bytes,
+                "lag_seconds": round(s.lag_seconds, 3),
+                "in_sync": s.in_sync,
+                "connected_for_ms": s.connected_for_ms,
+            }
+            for s in rs.slaves
+        ],
+    }
+    if rs.master_address:
+        out["master"] = {
+            "address": rs.master_address,
+            "connected": rs.connected,
+            "master_max_offset": rs.master_max_offset,
+            "lag_bytes": rs.lag_bytes,
+            "last_config_sync_ms": rs.last_config_sync_ms,
+        }
+    return out

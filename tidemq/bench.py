@@ -38,6 +38,25 @@ class _Progress:
             )
 
 
+class _Pacer:
+    """Holds a sending loop to ``rate`` messages per second; ``None`` sends as fast as it can."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self.restart()
+
+    def restart(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def before(self, i: int) -> None:
+        """Sleep until message ``i`` (counted from the last restart) is due."""
+        if self.rate is None:
+            return
+        ahead = self.t0 + i / self.rate - time.perf_counter()
+        if ahead > 0.001:  # sleep in steps of a millisecond or more, not per message
+            time.sleep(ahead)
+
+
 def _percentile(sorted_values: Sequence[float], pct: float) -> float:
     index = min(len(sorted_values) - 1, max(0, round(pct / 100 * len(sorted_values)) - 1))
     return sorted_values[index]
@@ -51,23 +70,34 @@ def run_produce_bench(
     body_bytes: int,
     unbatched: bool = False,
     progress: bool = True,
+    rate: float | None = None,
 ) -> dict[str, Any]:
+    """``rate``: messages per second to send at, warm-up included (None: as fast as possible)."""
     if messages <= 0 or body_bytes < 0:
         raise ValueError("--messages must be > 0 and --body-bytes >= 0")
+    if rate is not None and rate <= 0:
+        raise ValueError("--rate must be > 0")
     body = b"x" * body_bytes
     settings: dict[str, Any] = {}
     if unbatched:
         settings = {"batch_max_messages": 1, "max_in_flight_per_broker": 1}
     with Producer(nameserver, **settings) as producer:
-        for f in [producer.send_async(topic, body) for _ in range(min(WARMUP_MESSAGES, messages))]:
+        pace = _Pacer(rate)
+        warmup = []
+        for i in range(min(WARMUP_MESSAGES, messages)):
+            pace.before(i)
+            warmup.append(producer.send_async(topic, body))
+        for f in warmup:
             f.result()
         warm = producer.stats.requests, producer.stats.messages
         statuses: Counter[str] = Counter()
         bar = _Progress("produced", messages, progress)
         cpu0, t0 = time.process_time(), time.perf_counter()
         latencies: list[float] = []
+        pace.restart()
         if unbatched:
             for i in range(messages):
+                pace.before(i)
                 t = time.perf_counter()
                 r = producer.send(topic, body)
                 latencies.append(time.perf_counter() - t)
@@ -77,6 +107,7 @@ def run_produce_bench(
         else:
             futures = []
             for i in range(messages):
+                pace.before(i)
                 futures.append(producer.send_async(topic, body))
                 if i % 4096 == 0:
                     bar.update(i)
@@ -99,6 +130,8 @@ def run_produce_bench(
         "messages_per_request": round(sent / requests, 1) if requests else 0,
         "statuses": dict(statuses),
     }
+    if rate is not None:
+        out["target_rate"] = rate
     if latencies:
         latencies.sort()
         out["p50_us"] = round(statistics.median(latencies) * 1e6, 1)

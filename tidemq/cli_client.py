@@ -223,7 +223,30 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             else:
                 line += f"  UNREACHABLE: {b['error']}"
             print(line)
+            for detail in _replication_lines(b.get("replication")):
+                print(f"      {detail}")
     return 0
+
+
+def _replication_lines(rs: dict[str, Any] | None) -> list[str]:
+    if rs is None:
+        return []
+    lines = []
+    for s in rs["slaves"]:
+        secs = "?" if s["lag_seconds"] < 0 else f"{s['lag_seconds']:.1f} s"
+        lines.append(
+            f"slave {s['broker_id']} {s['address']:21} behind {s['lag_bytes']} bytes, {secs}"
+            + ("" if s["in_sync"] else "  NOT IN SYNC")
+        )
+    master = rs.get("master")
+    if master is not None:
+        state = "streaming" if master["connected"] else "NOT CONNECTED"
+        lines.append(
+            f"replicating from {master['address']} ({state}), behind {master['lag_bytes']} bytes"
+        )
+    if rs["confirm_offset_enabled"]:
+        lines.append(f"confirm offset {rs['confirmed_offset']}")
+    return lines
 
 
 # ---------------------------------------------------------------------- bench
@@ -235,6 +258,7 @@ def cmd_bench_produce(args: argparse.Namespace) -> int:
         body_bytes=args.body_bytes,
         unbatched=args.unbatched,
         progress=not args.json,
+        rate=args.rate,
     )
     print(json.dumps(result))
     return 0
@@ -330,6 +354,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
         "--unbatched",
         action="store_true",
         help="one message per request, one in flight: latency percentiles",
+    )
+    bp.add_argument(
+        "--rate",
+        type=float,
+        metavar="MSGS_PER_S",
+        help="send at this many messages per second, warm-up included (default: as fast as "
+        "possible); msgs_per_s then reports the rate achieved",
     )
     bp.add_argument("--json", action="store_true", help="JSON only, no progress lines")
     _add_nameserver(bp)

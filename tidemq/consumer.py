@@ -4,6 +4,10 @@
   (``allocate.allocate_averagely``); each member heartbeats to the brokers and re-reads the
   membership every ``rebalance_interval_ms``, so when members come and go the queues move.
   Offsets are committed to the broker that owns each queue.
+- **Reading from slaves**: when a group's master fails a call (unreachable, timed out), the
+  consumer reads that group's queues from its slaves, commits there, and tries the master again
+  after ``master_retry_ms``. Its position is kept: a slave that has not yet replicated as far
+  as the consumer got is waited for, never read from an older offset.
 - **Broadcasting**: every member reads every queue; offsets are kept in a local file per group
   and ``instance_name``, as RocketMQ's LocalFileOffsetStore.
 
@@ -34,8 +38,15 @@ from protos import broker_pb2, broker_pb2_grpc
 from storage.atomic_file import read_json_with_fallback, write_json_atomic
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.allocate import allocate_averagely
-from tidemq.errors import ClientClosedError, TidemqError, from_rpc_error
-from tidemq.routes import MessageQueue, NameServerClient, RouteCache, TopicRoute
+from tidemq.errors import (
+    BrokerUnavailableError,
+    ClientClosedError,
+    RequestTimeoutError,
+    TidemqError,
+    from_rpc_error,
+)
+from tidemq.fault import FaultToleranceConfig, LatencyFaultTolerance
+from tidemq.routes import BrokerGroup, MessageQueue, NameServerClient, RouteCache, TopicRoute
 from tidemq.types import ReceivedMessage
 
 log = logging.getLogger(__name__)
@@ -61,6 +72,9 @@ class ConsumerConfig:
     client_id: str = ""  # default: host@pid@random
     instance_name: str = "DEFAULT"  # names the local offset file in broadcasting mode
     local_offsets_dir: str = ""  # default: ~/.tidemq/offsets
+    # A broker group's master that failed a call is left alone this long: pulls, commits and
+    # offset queries go to its slaves meanwhile, then the master is tried again.
+    master_retry_ms: int = 10_000
 
     def __post_init__(self) -> None:
         problems = []
@@ -76,6 +90,7 @@ class ConsumerConfig:
             "pull_max_bytes",
             "queue_buffer_messages",
             "route_refresh_ms",
+            "master_retry_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
@@ -87,6 +102,10 @@ class ConsumerConfig:
 
 def _is_timestamp(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
 
 
 def default_client_id() -> str:
@@ -134,6 +153,10 @@ class AsyncConsumer:
         self._closed = False
         self.last_error: TidemqError | None = None
         self._local_offsets: dict[str, int] = {}
+        # Brokers that just failed a call; reads go to another member of the group meanwhile.
+        self._unreachable = LatencyFaultTolerance(
+            FaultToleranceConfig(failure_isolation_ms=self.config.master_retry_ms)
+        )
         self._local_path = ""
         if self.config.mode == "broadcasting":
             base = self.config.local_offsets_dir or os.path.expanduser("~/.tidemq/offsets")
@@ -367,16 +390,15 @@ class AsyncConsumer:
             return None
 
     async def _members(self, route: TopicRoute) -> list[str]:
-        # Every member asks the same broker group (the first by name), so all see one list.
+        # Every member asks the same broker group (the first by name), so all see one list;
+        # its slaves know the members too (heartbeats go to every broker).
         for name in sorted(route.groups):
-            address = route.groups[name].read_address()
-            if address is None:
-                continue
-            resp = await self._call(
-                address, "GetConsumerList", broker_pb2.GetConsumerListRequest(group=self.group)
-            )
-            if resp is not None:
-                return sorted(resp.client_ids)
+            for address in self._read_candidates(route.groups[name]):
+                resp = await self._call(
+                    address, "GetConsumerList", broker_pb2.GetConsumerListRequest(group=self.group)
+                )
+                if resp is not None:
+                    return sorted(resp.client_ids)
         raise TidemqError(
             f"no broker of topic {route.topic!r} answered the member list of {self.group!r}",
             code="UNAVAILABLE",
@@ -449,8 +471,10 @@ class AsyncConsumer:
                 long_poll_timeout_ms=cfg.long_poll_ms,
             )
             try:
-                resp = await self._broker_call(
+                address, from_master = await self._read_address(st.mq)
+                resp = await self._invoke(
                     st.mq,
+                    address,
                     "PullMessage",
                     request,
                     timeout_s=cfg.long_poll_ms / 1000 + CALL_TIMEOUT_S,
@@ -459,6 +483,12 @@ class AsyncConsumer:
                 self.last_error = e
                 log.warning("pulling %s failed: %s", st.mq, e)
                 self.routes.invalidate(st.mq.topic)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            if not from_master and resp.status == broker_pb2.OFFSET_OVERFLOW:
+                # A slave behind our position (it has not replicated what the master gave us):
+                # wait for it, or for the master, rather than step back and deliver twice.
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
@@ -490,25 +520,50 @@ class AsyncConsumer:
             if status == broker_pb2.OFFSET_OVERFLOW:
                 st.delivered = st.next_pull
 
-    async def _broker_call(
-        self, mq: MessageQueue, method: str, request: Any, timeout_s: float = CALL_TIMEOUT_S
-    ) -> Any:
+    def _read_candidates(self, group: BrokerGroup) -> list[str]:
+        """Where to read a group's queues, best first: the master unless it just failed, then
+        the slaves by id (a slave that failed too goes last)."""
+        now = _monotonic_ms()
+        ordered = [group.addresses[i] for i in sorted(group.addresses)]  # the master is id 0
+        up = [a for a in ordered if self._unreachable.is_available(a, now)]
+        return up + [a for a in ordered if a not in up]
+
+    async def _read_address(self, mq: MessageQueue) -> tuple[str, bool]:
+        """The broker to read ``mq`` from, and whether it is the group's master."""
         route = await self.routes.get(mq.topic)
         group = route.groups.get(mq.broker_name)
-        address = group.read_address() if group else None
-        if address is None:
+        candidates = self._read_candidates(group) if group else []
+        if not candidates:
             raise TidemqError(
                 f"broker group {mq.broker_name} is not in the route of {mq.topic!r}",
                 code="ROUTE_NOT_FOUND",
                 retriable=True,
             )
-        if method == "CommitOffset" and group is not None and group.master is not None:
-            address = group.master
+        assert group is not None
+        return candidates[0], candidates[0] == group.master
+
+    async def _invoke(
+        self, mq: MessageQueue, address: str, method: str, request: Any, timeout_s: float
+    ) -> Any:
         stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
         try:
-            return await getattr(stub, method)(request, timeout=timeout_s)
+            response = await getattr(stub, method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise from_rpc_error(e, f"broker {mq.broker_name} at {address}") from None
+            err = from_rpc_error(e, f"broker {mq.broker_name} at {address}")
+            if isinstance(err, BrokerUnavailableError | RequestTimeoutError):
+                self._unreachable.record_failure(address, _monotonic_ms())
+            raise err from None
+        self._unreachable.record_success(address)
+        return response
+
+    async def _broker_call(
+        self, mq: MessageQueue, method: str, request: Any, timeout_s: float = CALL_TIMEOUT_S
+    ) -> Any:
+        """A call to the broker ``mq`` is read from; offsets are committed there too (a slave
+        keeps them while its master is away, and config sync never lets the master's older
+        ones replace them)."""
+        address, _ = await self._read_address(mq)
+        return await self._invoke(mq, address, method, request, timeout_s)
 
 
 def _write_local_offsets(path: str, offsets: dict[str, int]) -> None:

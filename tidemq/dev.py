@@ -1,9 +1,11 @@
 """``tidemq dev``: a local cluster on loopback for trying tidemq, and what ``make run`` starts.
 
-A nameserver on the embedded registry and one broker group, each a child process logging to
-``DATA/logs``, the store under ``DATA/broker-a``. Ctrl-C (or SIGTERM) stops the broker first,
-so it unregisters and closes its store cleanly, then the nameserver. Restarting with the same
-``--data`` keeps every message, topic and consumer offset.
+A nameserver on the embedded registry and one broker group of a master and a slave (the slave
+replicates the master's CommitLog and copies its topics, groups and offsets), each a child
+process logging to ``DATA/logs``, the stores under ``DATA/broker-a`` and ``DATA/broker-a-s1``.
+Ctrl-C (or SIGTERM) stops the slave, then the master, so each unregisters and closes its store
+cleanly, then the nameserver. Restarting with the same ``--data`` keeps every message, topic and
+consumer offset.
 """
 
 from __future__ import annotations
@@ -125,7 +127,11 @@ def run(args: argparse.Namespace) -> int:
     host = "127.0.0.1"
     ns_addr = f"{host}:{args.nameserver_port}"
     broker_addr = f"{host}:{args.broker_port}"
-    for what, port in (("nameserver", args.nameserver_port), ("broker", args.broker_port)):
+    slave_addr = f"{host}:{args.slave_port}"
+    ports = [("nameserver", args.nameserver_port), ("broker", args.broker_port)]
+    if args.slave_port:
+        ports.append(("slave", args.slave_port))
+    for what, port in ports:
         if not _port_free(host, port):
             print(
                 f"tidemq dev: port {port} ({what}) is in use; is another cluster running? "
@@ -155,45 +161,35 @@ def run(args: argparse.Namespace) -> int:
                 lambda: stub.GetStatus(nameserver_pb2.GetStatusRequest(), timeout=1) is not None,
                 deadline,
             )
-        broker_args = [
-            "broker",
-            "--cluster",
-            "DevCluster",
-            "--broker-name",
-            "broker-a",
-            "--listen",
-            broker_addr,
-            "--store",
-            str(data / "broker-a"),
-            "--nameserver",
-            ns_addr,
-            "--auto-create-topics",
-            "--flush",
-            args.flush,
-        ]
+        common = ["--cluster", "DevCluster", "--broker-name", "broker-a", "--nameserver", ns_addr]
         if args.store_overrides:
-            broker_args += ["--store-overrides", args.store_overrides]
-        broker = _spawn("broker-a", broker_args, logs / "broker-a.log")
-        children.append(broker)
-        with grpc.insecure_channel(broker_addr) as ch:
-            bstub = broker_pb2_grpc.BrokerStub(ch)
+            common += ["--store-overrides", args.store_overrides]
+        master_args = ["--role", args.role, "--auto-create-topics", "--flush", args.flush]
+        brokers = [("broker-a", broker_addr, [*common, *master_args])]
+        if args.slave_port:
+            slave_args = ["--role", "SLAVE", "--broker-id", "1", "--flush", args.flush]
+            brokers.append(("broker-a-s1", slave_addr, [*common, *slave_args]))
+        for name, address, flags in brokers:
+            store = str(data / name)
+            child = _spawn(
+                name,
+                ["broker", "--listen", address, "--store", store, *flags],
+                logs / f"{name}.log",
+            )
+            children.append(child)
+            _wait_broker(child, address, deadline)
+        with grpc.insecure_channel(ns_addr) as ch:
+            stub = nameserver_pb2_grpc.NameServerStub(ch)
+            # Ready means routable: every broker's first registration reached the nameserver.
             _wait_serving(
-                broker,
+                ns,
                 lambda: (
-                    bstub.GetBrokerStatus(broker_pb2.GetBrokerStatusRequest(), timeout=1)
-                    is not None
+                    stub.GetStatus(nameserver_pb2.GetStatusRequest(), timeout=1).brokers
+                    >= len(brokers)
                 ),
                 deadline,
             )
-        with grpc.insecure_channel(ns_addr) as ch:
-            stub = nameserver_pb2_grpc.NameServerStub(ch)
-            # Ready means routable: the broker's first registration has reached the nameserver.
-            _wait_serving(
-                ns,
-                lambda: stub.GetStatus(nameserver_pb2.GetStatusRequest(), timeout=1).brokers > 0,
-                deadline,
-            )
-        _print_banner(data, ns_addr, broker_addr, args.flush)
+        _print_banner(data, ns_addr, broker_addr, slave_addr if args.slave_port else "", args)
         while not stop_requested:
             for c in children:
                 if c.proc.poll() is not None:
@@ -207,7 +203,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         if stop_requested:
-            print("\nstopping: broker first (flush, checkpoint, unregister), then the nameserver")
+            print(
+                "\nstopping: brokers first, slave then master (flush, checkpoint, unregister), "
+                "then the nameserver"
+            )
         for c in reversed(children):
             _stop(c)
         if children and stop_requested:
@@ -215,7 +214,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_banner(data: Path, ns_addr: str, broker_addr: str, flush: str) -> None:
+def _wait_broker(child: Child, address: str, deadline: float) -> None:
+    with grpc.insecure_channel(address) as ch:
+        stub = broker_pb2_grpc.BrokerStub(ch)
+        _wait_serving(
+            child,
+            lambda: (
+                stub.GetBrokerStatus(broker_pb2.GetBrokerStatusRequest(), timeout=1) is not None
+            ),
+            deadline,
+        )
+
+
+def _print_banner(
+    data: Path, ns_addr: str, broker_addr: str, slave_addr: str, args: argparse.Namespace
+) -> None:
+    slave_line = f"\n  broker-a/1   {slave_addr}  SLAVE of broker-a" if slave_addr else ""
     exe = "tidemq"
     venv_exe = Path(sys.executable).parent / "tidemq"
     if venv_exe.exists() and str(venv_exe.parent) not in os.environ.get("PATH", "").split(":"):
@@ -223,7 +237,8 @@ def _print_banner(data: Path, ns_addr: str, broker_addr: str, flush: str) -> Non
     print(
         f"""tidemq dev cluster is up (Ctrl-C stops it; data and logs in {data})
   nameserver   {ns_addr}   (embedded registry)
-  broker-a     {broker_addr}  master of cluster DevCluster, {flush} flush, topics auto-created
+  broker-a     {broker_addr}  {args.role} of cluster DevCluster, {args.flush} flush, \
+topics auto-created{slave_line}
 
 Try, in another terminal:
   {exe} send orders 'hello tidemq' --tag created --key order-1
@@ -237,10 +252,17 @@ Try, in another terminal:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser("dev", help="run a local cluster (nameserver + broker) on loopback")
+    p = sub.add_parser("dev", help="run a local cluster (nameserver, master, slave) on loopback")
     p.add_argument("--data", default=".tidemq-dev", help="data and logs (default .tidemq-dev)")
     p.add_argument("--nameserver-port", type=int, default=9876)
     p.add_argument("--broker-port", type=int, default=10911)
+    p.add_argument("--slave-port", type=int, default=10912, help="the slave's port (0: no slave)")
+    p.add_argument(
+        "--role",
+        choices=["ASYNC_MASTER", "SYNC_MASTER"],
+        default="ASYNC_MASTER",
+        help="the master's replication role (SYNC_MASTER answers once the slave has a send)",
+    )
     p.add_argument("--flush", choices=["ASYNC", "SYNC"], default="ASYNC")
     p.add_argument("--store-overrides", help="JSON object of StoreConfig keys (e.g. smaller files)")
     p.set_defaults(func=run)

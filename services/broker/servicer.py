@@ -395,7 +395,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         except ValueError as e:
             raise invalid(str(e), common_pb2.INVALID_TOPIC) from None
         self.on_topics_changed()
-        return broker_pb2.CreateTopicResponse(topic=_topic_proto(cfg), created=created)
+        return broker_pb2.CreateTopicResponse(topic=topic_proto(cfg), created=created)
 
     @typed_errors
     async def DeleteTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -407,7 +407,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     @typed_errors
     async def ListTopics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return broker_pb2.ListTopicsResponse(topics=[_topic_proto(t) for t in self.topics.all()])
+        return broker_pb2.ListTopicsResponse(topics=[topic_proto(t) for t in self.topics.all()])
 
     @typed_errors
     async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -428,10 +428,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     @typed_errors
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return config_sync.answer(request, self.topics, self.groups, self.offsets, _topic_proto)
+        return config_sync.answer(request, self.topics, self.groups, self.offsets, topic_proto)
 
 
-def _topic_proto(t: TopicConfig) -> Any:
+def topic_proto(t: TopicConfig) -> Any:
     return common_pb2.TopicConfig(
         topic=t.topic,
         read_queue_nums=t.read_queue_nums,
@@ -443,7 +443,7 @@ def _topic_proto(t: TopicConfig) -> Any:
 
 
 def topic_protos(topics: TopicManager) -> list[Any]:
-    return [_topic_proto(t) for t in topics.all()]
+    return [topic_proto(t) for t in topics.all()]
 
 
 def broker_info(config: BrokerConfig, topics: TopicManager) -> Any:
