@@ -247,7 +247,7 @@ def produce_run(run: int, scratch: str, role: str, messages: int) -> dict[str, A
             PRODUCE_BODY_BYTES,
         )
     not_ok = sum(n for status, n in p.get("statuses", {}).items() if status != "SEND_OK")
-    return {**p, "bench": f"produce_{role.lower()}", "run": run, "not_send_ok": not_ok}
+    return {**p, "bench": f"produce_{role.split('_')[0].lower()}", "run": run, "not_send_ok": not_ok}
 
 
 class LagSampler(threading.Thread):

@@ -23,10 +23,18 @@ T = TypeVar("T")
 NAMESERVER_ENV = "TIDEMQ_NAMESERVER"
 DEFAULT_NAMESERVER = "127.0.0.1:9876"
 
-# Batches of large bodies need more than gRPC's 4 MiB default (the broker allows 64 MiB).
 CHANNEL_OPTIONS = [
+    # Batches of large bodies need more than gRPC's 4 MiB default (the broker allows 64 MiB).
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
+    # gRPC waits up to 120 s between reconnects to a broker that was down; a restarted master
+    # must be found again within seconds.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Each client its own connections: otherwise gRPC shares one per address across the
+    # process, and a new client inherits another's backoff from a broker that just returned.
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 

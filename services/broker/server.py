@@ -89,6 +89,8 @@ class Broker:
         self.bound_port = 0
         # Built here so a broker that could never register (a bad name) fails before serving.
         self.zk = ZkRegistration.for_broker(config, self.topics) if config.zk_hosts else None
+        if self.zk is not None and config.role is BrokerRole.SLAVE:
+            self.zk.on_master = self._master_found
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -231,12 +233,16 @@ class Broker:
         except grpc.aio.AioRpcError as e:
             log.warning("registering with nameserver %s failed: %s", nameserver, e.details())
             return
+        # The registry tells a slave where its master replicates from (RocketMQ's
+        # RegisterBrokerResult.haServerAddr); empty while the group has no live master.
+        self._master_found(response.master_address, response.master_ha_address)
+
+    def _master_found(self, address: str, ha_address: str) -> None:
+        """Where the group's master is, from a nameserver's answer or its ZooKeeper znode."""
         if self.slave is not None:
-            # The registry tells a slave where its master replicates from (RocketMQ's
-            # RegisterBrokerResult.haServerAddr); empty while the group has no live master.
-            self.slave.set_master(response.master_ha_address)
+            self.slave.set_master(ha_address)
         if self.config_sync is not None:
-            self.config_sync.set_master(response.master_address)
+            self.config_sync.set_master(address)
 
     async def _unregister_all(self) -> None:
         info = broker_info(self.config, self.topics)

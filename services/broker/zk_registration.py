@@ -21,6 +21,10 @@ broker's register loop (at start, when topics change, and every ``register_inter
 check); and a retry with backoff after a failed attempt. A create whose answer was lost with the
 connection may have succeeded: the next attempt then finds the znode already ours.
 
+A slave also reads its master's znode (id 0 of its group) after each sync, with a watch, and
+hands the master's address and HA address to ``on_master``: a slave registered only in ZooKeeper
+finds its master the way a nameserver would.
+
 While ZooKeeper is unreachable the broker keeps serving; its znode stays as long as its session
 does. kazoo calls listeners and watches in its own threads: they only wake the asyncio loop.
 ZooKeeper calls run in the loop's default executor, one attempt at a time.
@@ -147,6 +151,10 @@ class ZkRegistration(KazooLoopBridge):
         self._connected = False
         self._held_by = 0  # the other session last seen holding our path, to log it once
         self.registered = False  # our znode exists with our latest data, as of the last sync
+        # Set on a slave: the group's master znode, and who hears where the master is.
+        self.master_path = ""
+        self.master_node: zk_format.BrokerNodeName | None = None
+        self.on_master: Callable[[str, str], None] | None = None
 
     @classmethod
     def for_broker(cls, config: BrokerConfig, topics: TopicManager) -> ZkRegistration:
@@ -164,6 +172,13 @@ class ZkRegistration(KazooLoopBridge):
         except (ServiceError, zk_format.ZnodeDataError) as e:
             # Fail now, loudly, rather than run a broker no nameserver will ever route to.
             raise ConfigError(f"this broker cannot register in ZooKeeper: {e}") from None
+        if config.broker_id != 0:
+            registration.master_path = zk_format.node_path(
+                config.zk_root, config.cluster, config.broker_name, 0
+            )
+            registration.master_node = zk_format.parse_node_name(
+                config.cluster, config.broker_name, "0"
+            )
         return registration
 
     async def start(self) -> None:
@@ -276,6 +291,32 @@ class ZkRegistration(KazooLoopBridge):
                 log.info("registered in ZooKeeper %s as %s", self.hosts, self.path)
             elif outcome is Synced.UPDATED:
                 log.info("updated the ZooKeeper registration %s", self.path)
+            if self.on_master is not None:
+                await self._find_master(loop)
+
+    async def _find_master(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            found = await loop.run_in_executor(None, self._read_master)
+        except (*ZK_ERRORS, zk_format.ZnodeDataError) as e:
+            log.warning("reading the master's znode %s failed: %s", self.master_path, e)
+            self._retry_in(RETRY_MAX_S)
+            return
+        if found is not None and self.on_master is not None:
+            self.on_master(*found)
+
+    def _read_master(self) -> tuple[str, str] | None:
+        """The master's (address, HA address), or None while the group has no master; the watch
+        wakes the loop when that changes."""
+        assert self.master_node is not None
+        client = self._client
+        if client.exists(self.master_path, watch=self._on_watch) is None:
+            return None
+        try:
+            data, _ = client.get(self.master_path, watch=self._on_watch)
+        except NoNodeError:
+            return None
+        reg = zk_format.decode_registration(self.master_node, data)
+        return reg.address, reg.ha_address
 
     def _leave(self) -> None:
         client = self._client

@@ -12,9 +12,11 @@ import urllib.request
 
 import pytest
 
+import tidemq
 from protos import broker_pb2
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.integration.replicas import (
+    ONE_MIB_FILES,
     QUEUES,
     assert_same_queues,
     create_topic,
@@ -260,3 +262,72 @@ def test_config_sync_copies_topics_groups_offsets_and_keeps_newer_slave_offsets(
     )
     assert slave_offset(0) == 42
     assert slave_offset(1) == 7
+
+
+def test_sdk_consumer_reads_from_the_slave_while_the_master_is_down_and_returns(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    master = start(start_broker, nameserver, "master")
+    create_topic(master)
+    slave = start_slave(start_broker, nameserver)
+    with tidemq.Producer(nameserver.address) as producer:
+        for i in range(200):
+            assert producer.send("orders", f"m{i}").status is tidemq.SendStatus.SEND_OK
+    wait_identical(master, slave)
+    seen: set[bytes] = set()
+    settings = {
+        "start_from": "first",
+        "master_retry_ms": 1_000,
+        "long_poll_ms": 1_000,
+        "rebalance_interval_ms": 300,
+        "heartbeat_interval_ms": 300,
+        "auto_commit_interval_ms": 300,
+    }
+    with tidemq.Consumer(nameserver.address, group="reader", topic="orders", **settings) as c:
+
+        def consume_until(n: int) -> bool:
+            seen.update(m.body for m in c.poll(max_messages=50, timeout_s=0.5))
+            return len(seen) >= n
+
+        wait_until(lambda: consume_until(100), 30, "the first 100 messages from the master")
+        master.kill()
+        wait_until(lambda: consume_until(200), 60, "the rest from the slave")
+        assert seen == {f"m{i}".encode() for i in range(200)}  # nothing skipped
+
+        port = int(master.address.rpartition(":")[2])
+        master = start_broker(
+            "--nameserver",
+            nameserver.address,
+            "--broker-name",
+            "group-a",
+            "--register-interval-ms",
+            "500",
+            "--store-overrides",
+            ONE_MIB_FILES,
+            store="master",
+            port=port,
+        )
+        with tidemq.Producer(nameserver.address) as producer:
+            for i in range(200, 250):
+                assert producer.send("orders", f"m{i}").status is tidemq.SendStatus.SEND_OK
+        wait_until(lambda: consume_until(250), 60, "new messages after the master returned")
+
+        def committed_on_master() -> bool:
+            # Auto-commit commits what earlier polls returned: keep polling.
+            assert not c.poll(timeout_s=0.1)
+            for q in range(QUEUES):
+                r = master.stub().QueryConsumerOffset(
+                    broker_pb2.QueryConsumerOffsetRequest(
+                        group="reader", topic="orders", queue_id=q
+                    ),
+                    timeout=10,
+                )
+                end = master.stub().GetQueueOffsets(
+                    broker_pb2.GetQueueOffsetsRequest(topic="orders", queue_ids=[q]), timeout=10
+                )
+                if not r.found or r.offset != end.queues[0].max_offset:
+                    return False
+            return True
+
+        # Back on the master: the consumer commits there again, up to the end.
+        wait_until(committed_on_master, 30, "the consumer's commits on the master again")

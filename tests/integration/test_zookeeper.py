@@ -434,3 +434,39 @@ def test_nameserver_starts_before_zookeeper_and_catches_up(
     b = start_zk_broker(start_broker, zk, zk_root)
     create_topic(b, "orders")
     wait_until(lambda: route_of(ns, "orders") == {"broker-a": {0: b.address}}, 20, "the route")
+
+
+def test_slave_registered_only_in_zookeeper_finds_its_master_there(
+    zookeeper: ZooKeeperServer, zk_root: str, start_broker: StartBroker
+) -> None:
+    master = start_zk_broker(start_broker, zookeeper, zk_root)
+    master.stub().CreateTopic(
+        broker_pb2.CreateTopicRequest(topic=common_pb2.TopicConfig(topic="orders")),
+        timeout=RPC_TIMEOUT_S,
+    )
+    slave = start_broker(
+        "--broker-name",
+        "broker-a",
+        "--role",
+        "SLAVE",
+        "--broker-id",
+        "1",
+        "--config-sync-interval-ms",
+        "300",
+        *zk_flags(zookeeper, zk_root),
+        store="broker-a-s1",
+    )
+    msg = common_pb2.Message(topic="orders", body=b"through zookeeper")
+    master.stub().SendMessage(broker_pb2.SendMessageRequest(messages=[msg]), timeout=RPC_TIMEOUT_S)
+
+    def end(b: BrokerProcess) -> int:
+        st = b.stub().GetBrokerStatus(broker_pb2.GetBrokerStatusRequest(), timeout=RPC_TIMEOUT_S)
+        return int(st.store.commitlog_max_offset)
+
+    wait_until(lambda: end(slave) == end(master) > 0, 30, "the slave to replicate via ZooKeeper")
+
+    def topics(b: BrokerProcess) -> set[str]:
+        listed = b.stub().ListTopics(broker_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
+        return {t.topic for t in listed.topics}
+
+    wait_until(lambda: "orders" in topics(slave), 30, "the master's topics on the slave")
