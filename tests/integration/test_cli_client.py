@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -148,19 +149,35 @@ def test_topic_commands(dev: Dev) -> None:
     assert gone.stderr.startswith("tidemq: ROUTE_NOT_FOUND") and gone.stderr.count("\n") == 1
 
 
-def test_cluster_status(dev: Dev) -> None:
-    status = json.loads(tidemq(dev.nameserver, "cluster", "status", "--json").stdout)
-    assert status["nameserver"]["registry"] == "embedded"
-    [cluster] = status["clusters"]
-    [broker] = cluster["brokers"]
-    assert (cluster["cluster"], broker["broker_name"], broker["role"]) == (
-        "DevCluster",
-        "broker-a",
-        "ASYNC_MASTER",
-    )
-    assert broker["reachable"] and broker["store"]["writable"]
+def test_cluster_status_shows_roles_offsets_and_lag(dev: Dev) -> None:
+    tidemq(dev.nameserver, "send", "orders", "x", "--count", "10")
+
+    def status() -> dict[str, Any]:
+        return dict(json.loads(tidemq(dev.nameserver, "cluster", "status", "--json").stdout))
+
+    def slave_caught_up() -> bool:
+        brokers = status()["clusters"][0]["brokers"]
+        slaves = brokers[0]["replication"]["slaves"]
+        return len(slaves) == 1 and slaves[0]["lag_bytes"] == 0 and slaves[0]["in_sync"]
+
+    wait_until(slave_caught_up, 30, "the dev cluster's slave to catch up")
+    st = status()
+    assert st["nameserver"]["registry"] == "embedded"
+    [cluster] = st["clusters"]
+    master, slave = cluster["brokers"]
+    assert cluster["cluster"] == "DevCluster"
+    assert [(b["broker_name"], b["broker_id"], b["role"]) for b in (master, slave)] == [
+        ("broker-a", 0, "ASYNC_MASTER"),
+        ("broker-a", 1, "SLAVE"),
+    ]
+    assert master["reachable"] and master["store"]["writable"]
+    end = master["store"]["commitlog_max_offset"]
+    assert end > 0 and slave["store"]["commitlog_max_offset"] == end
+    assert master["replication"]["slaves"][0]["address"] == slave["address"]
+    assert slave["replication"]["master"]["address"] == master["address"]
     text = tidemq(dev.nameserver, "cluster", "status").stdout
-    assert "broker-a/0 ASYNC_MASTER" in text
+    assert "broker-a/0 ASYNC_MASTER" in text and "broker-a/1 SLAVE" in text
+    assert "behind 0 bytes" in text and "(streaming)" in text
 
 
 def test_errors_are_one_line_without_traceback(dev: Dev) -> None:
