@@ -62,11 +62,12 @@ system-deps:
 			-o DPkg::Lock::Timeout=300 zookeeper; \
 	fi
 
-# Prints JSON lines: the project's store and services figures and, measured in the same run,
-# the perfkit ceilings (mmap append; gRPC batch and unary).
+# Prints JSON lines: the project's store, services and replication figures and, measured in the
+# same run, the perfkit ceilings (mmap append; gRPC batch, unary and streaming).
 bench: venv
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache

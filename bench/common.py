@@ -50,14 +50,31 @@ class Process:
         return self.proc.poll() is None
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Signal it and wait; SIGKILL if it is still there after ``timeout_s``."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
+        """Signal it and wait; SIGKILL if it is still there after ``timeout_s`` or if the wait
+        is interrupted (a second Ctrl-C)."""
         try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(sig)
             self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+def stop_all(procs: Sequence[Process]) -> None:
+    """Stop ``procs`` in this order; when one stop fails, the rest are killed before it raises."""
+    for i, proc in enumerate(procs):
+        try:
+            proc.stop()
+        except BaseException:
+            for rest in procs[i + 1 :]:
+                rest.proc.kill()
+                rest.proc.wait()
+            raise
 
 
 def failure(what: str, procs: Sequence[Process]) -> RuntimeError:
@@ -102,7 +119,7 @@ def tidemq_bench(nameserver: str, *args: str) -> dict[str, Any]:
 
 def perfkit_grpc(perfkit: str, cases: Sequence[str]) -> dict[str, dict[str, Any]]:
     """perfkit's ``grpc_bench.py`` on an aio server, one run of 4 s: each case's median line."""
-    out = subprocess.run(
+    proc = subprocess.Popen(
         [
             sys.executable,
             "grpc_bench.py",
@@ -115,13 +132,23 @@ def perfkit_grpc(perfkit: str, cases: Sequence[str]) -> dict[str, dict[str, Any]
             "--cases",
             ",".join(cases),
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=perfkit,
-        check=True,
+        start_new_session=True,
     )
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        # Its server child too: the whole process group (the child is not reaped yet).
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"perfkit grpc_bench.py failed:\n{stderr[-4000:]}")
     found = {}
-    for line in out.stdout.splitlines():
+    for line in stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[len("RESULT ") :])
             if r.get("bench") == "grpc.median":

@@ -49,6 +49,7 @@ from common import (
     failure,
     free_port,
     perfkit_grpc,
+    stop_all,
     tidemq_bench,
     wait_until,
 )
@@ -167,11 +168,12 @@ class Cluster:
         wait_until(caught_up, "slave in sync", self.procs)
 
     def stop(self) -> None:
-        for channel in self.channels:
-            channel.close()
-        for proc in reversed(self.procs):
-            proc.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            stop_all(self.procs[::-1])
+        finally:
+            for channel in self.channels:
+                channel.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def fill_store(path: str, min_bytes: int) -> dict[str, Any]:
@@ -233,9 +235,10 @@ def catchup_run(run: int, scratch: str, fill: str) -> dict[str, Any]:
     }
 
 
-def produce_run(run: int, scratch: str, role: str, messages: int) -> dict[str, Any]:
-    with Cluster(scratch, f"run{run}-{role}") as cluster:
-        cluster.start_master(role)
+def produce_run(run: int, scratch: str, flavour: str, messages: int) -> dict[str, Any]:
+    """``tidemq bench produce`` against an ASYNC_MASTER or SYNC_MASTER (``flavour``) and slave."""
+    with Cluster(scratch, f"run{run}-{flavour}") as cluster:
+        cluster.start_master(f"{flavour.upper()}_MASTER")
         cluster.start_slave()
         cluster.wait_in_sync()
         p = tidemq_bench(
@@ -247,7 +250,7 @@ def produce_run(run: int, scratch: str, role: str, messages: int) -> dict[str, A
             PRODUCE_BODY_BYTES,
         )
     not_ok = sum(n for status, n in p.get("statuses", {}).items() if status != "SEND_OK")
-    return {**p, "bench": f"produce_{role.split('_')[0].lower()}", "run": run, "not_send_ok": not_ok}
+    return {**p, "bench": f"produce_{flavour}", "run": run, "not_send_ok": not_ok}
 
 
 class LagSampler(threading.Thread):
@@ -326,9 +329,9 @@ def one_run(run: int, args: argparse.Namespace, scratch: str, fill: str) -> dict
     emit(c)
     ceiling = perfkit_grpc(args.perfkit, ["stream_1MiB"])["stream_1MiB"]
     emit({**ceiling, "bench": "ceiling_stream_1MiB", "run": run})
-    a = produce_run(run, scratch, "ASYNC_MASTER", args.messages)
+    a = produce_run(run, scratch, "async", args.messages)
     emit(a)
-    s = produce_run(run, scratch, "SYNC_MASTER", args.messages)
+    s = produce_run(run, scratch, "sync", args.messages)
     emit(s)
     paced, lag = lag_run(run, scratch, a["msgs_per_s"] / 2)
     emit(paced)
@@ -355,6 +358,8 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--catchup-bytes", type=int, default=1 << 30)
     args = parser.parse_args()
+    if args.runs < 1 or args.messages < 1 or args.catchup_bytes < 1:
+        parser.error("--runs, --messages and --catchup-bytes must be >= 1")
     # SIGTERM unwinds like Ctrl-C: every ``with Cluster`` stops its processes, scratch goes.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     scratch = tempfile.mkdtemp(prefix="tidemq-replication-bench-")

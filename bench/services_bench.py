@@ -55,6 +55,10 @@ class DevCluster:
                 self.nameserver.rsplit(":", 1)[1],
                 "--broker-port",
                 str(free_port()),
+                # The services goals are about one master: no slave shares its CPU here
+                # (replication_bench.py measures master and slave together).
+                "--slave-port",
+                "0",
             ],
             os.path.join(data, f"dev-{flush}.out"),
         )

@@ -130,7 +130,10 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         self._acks.add(end_offset, fut)
         self.notify_appended()
         try:
-            await asyncio.wait_for(fut, self.config.sync_timeout_ms / 1000)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation
+            # that arrives as the awaited thing completes, and shutdown relies on cancelling.
+            async with asyncio.timeout(self.config.sync_timeout_ms / 1000):
+                await fut
         except TimeoutError:
             return PutStatus.FLUSH_SLAVE_TIMEOUT
         return PutStatus.PUT_OK
@@ -164,7 +167,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         cfg = self.config
         requests = aiter(request_iterator)
         try:
-            first = await asyncio.wait_for(anext(requests), cfg.idle_timeout_ms / 1000)
+            async with asyncio.timeout(cfg.idle_timeout_ms / 1000):
+                first = await anext(requests)
         except (TimeoutError, StopAsyncIteration):
             await self.refuse(context, Refusal(RefusalKind.PROTOCOL, "no Handshake arrived"))
         if first.WhichOneof("kind") != "handshake":
@@ -239,7 +243,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             # Sends through the broker wake the loop (notify_appended); the poll is the backstop
             # for appends that bypass it. Reports wake it too (the window opened).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), poll_s)
+                async with asyncio.timeout(poll_s):
+                    await wake.wait()
             wake.clear()
 
     async def _read_reports(
@@ -260,6 +265,15 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         except grpc.aio.AioRpcError as e:
             tracker.on_protocol_error(link_id, f"stream failed: {e.code()}")
         wake.set()
+
+
+def _raise_if_cancelling() -> None:
+    """grpc.aio turns the cancellation of a task blocked in a call into the call's own error
+    (CANCELLED): without this the slave would treat its shutdown as a dropped link and reconnect
+    forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class LinkDown(Exception):
@@ -326,11 +340,13 @@ class SlaveClient:
         try:
             await self._stream(address)
         except (grpc.aio.AioRpcError, ProtocolError, StoreError, LinkDown, TimeoutError) as e:
+            _raise_if_cancelling()
             reason = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
             if monotonic_ms() - started < self.config.report_interval_ms or self.session is None:
                 raise LinkDown(f"{address}: {reason}") from e
             log.warning("replication link to %s ended: %s", address, reason)
         except Exception as e:  # a bug must not end replication for good: logged, retried
+            _raise_if_cancelling()
             log.exception("replication link to %s failed unexpectedly", address)
             raise LinkDown(f"{address}: {e!r}") from e
         finally:
@@ -436,7 +452,8 @@ class SlaveClient:
             raise LinkDown(f"master silent for {now - session.last_heard_ms} ms")
         timeout_s = max(0, session.next_deadline_ms() - now) / 1000
         try:
-            m = await asyncio.wait_for(inbox.get(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                m = await inbox.get()
         except TimeoutError:
             return None
         if m is _EOF:

@@ -241,7 +241,8 @@ class AsyncConsumer:
             if got or remaining <= 0:
                 return got
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._data.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._data.wait()
 
     def _take(self, limit: int) -> list[ReceivedMessage]:
         states = [st for st in self._owned.values() if st.buffer]

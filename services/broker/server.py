@@ -213,9 +213,8 @@ class Broker:
             await self.register_all()
             self._register_now.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._register_now.wait(), self.config.register_interval_ms / 1000
-                )
+                async with asyncio.timeout(self.config.register_interval_ms / 1000):
+                    await self._register_now.wait()
 
     async def register_all(self) -> None:
         if self.zk is not None:
@@ -274,7 +273,12 @@ class Broker:
         for t in self._tasks:
             t.cancel()
         # The slave's link appends to the store: it must be gone before the store closes.
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        while True:
+            _, pending = await asyncio.wait(self._tasks, timeout=5)
+            if not pending:
+                break
+            for t in pending:
+                log.warning("stopping: still waiting for %s: %s", t.get_name(), t.get_stack())
         if self.server is not None:
             await self.server.stop(self.config.shutdown_grace_ms / 1000)
         await self._unregister_all()

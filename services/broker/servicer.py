@@ -272,7 +272,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             metrics = self.metrics
             waiting = metrics.long_poll() if metrics is not None else contextlib.nullcontext()
             with waiting, contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await woken.wait()
 
     # ------------------------------------------------------------------ lookups
     @typed_errors

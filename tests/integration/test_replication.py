@@ -126,3 +126,21 @@ def test_slave_killed_mid_stream_restarts_and_catches_up(
     slave = start_slave(start_broker, nameserver)
     wait_identical(master, slave)
     assert_same_queues(master, slave, 12_000)
+
+
+def test_slave_stops_cleanly_while_streaming_under_load(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    master = start(start_broker, nameserver, "master")
+    create_topic(master)
+    slave = start_slave(start_broker, nameserver)
+    sender = threading.Thread(target=send_batches, args=(master, "load", 12_000))
+    sender.start()
+    try:
+        wait_until(lambda: max_offset(slave) > 1 << 20, 60, "the slave to be streaming")
+        # SIGTERM mid-stream: the replication link must let go (a cancellation lost inside
+        # gRPC once kept it reconnecting forever).
+        assert slave.terminate(timeout_s=15) == 0
+    finally:
+        sender.join(120)
+    assert "stopped cleanly" in slave.log()
