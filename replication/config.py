@@ -12,9 +12,11 @@ MAX_CHUNK_BYTES = 32 * 1024 * 1024
 
 @dataclass(frozen=True)
 class ReplicationConfig:
-    # Largest chunk the master sends (RocketMQ's haTransferBatchSize is 32 KiB; bigger chunks
-    # catch up an empty slave faster and cost one report each).
-    chunk_bytes: int = 256 * 1024
+    # Largest chunk the master sends (RocketMQ's haTransferBatchSize is 32 KiB). Each chunk costs
+    # a fixed few milliseconds of event-loop and GIL hand-offs on both sides, so catch-up speed
+    # grows with it: about 70 MB/s at 256 KiB, 150-200 at 1 MiB, 270-690 at 4 MiB (here, 2 cores).
+    # A live stream sends what is new, so small sends still leave at once in small chunks.
+    chunk_bytes: int = 4 * 1024 * 1024
     # Bytes sent but not yet acknowledged per slave: bounds what sits in gRPC buffers.
     max_in_flight_bytes: int = 16 * 1024 * 1024
     # The slave reports after every chunk and at least this often.

@@ -59,7 +59,20 @@ class MappedFile:
         f = cls(path, size, base_offset)
         f.wrote = 0
         f.flushed = 0
+        f._warm()
         return f
+
+    def _warm(self) -> None:
+        """Bring the new file's pages into the page cache before anything writes them.
+
+        A first write through the mapping to a preallocated (unwritten) extent costs a slow page
+        fault per 4 KiB page, with the GIL held: about 0.4 GB/s here, against 3 GB/s once the
+        pages are cached. ``WILLNEED`` on unwritten extents reads nothing from disk (they read as
+        zeros), takes about 10 ms per 256 MiB, and releases the GIL (RocketMQ warms its files
+        by writing zeros, which doubles disk writes). The pages are clean: the kernel may still
+        reclaim them under memory pressure, which only brings the slow faults back."""
+        with contextlib.suppress(OSError):  # advice only; a file system may not support it
+            os.posix_fadvise(self._fd, 0, self.size, os.POSIX_FADV_WILLNEED)
 
     @property
     def end_offset(self) -> int:

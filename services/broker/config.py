@@ -53,7 +53,7 @@ class BrokerConfig:
     # Replication (docs/replication.md): the largest chunk a master sends, how often a slave
     # reports at least, how often an idle master sends a heartbeat, and how long either side
     # waits on a silent link before dropping it.
-    ha_chunk_bytes: int = 256 * 1024
+    ha_chunk_bytes: int = 4 * 1024 * 1024
     ha_report_interval_ms: int = 5_000
     ha_heartbeat_interval_ms: int = 5_000
     ha_idle_timeout_ms: int = 20_000
