@@ -42,7 +42,9 @@ def sync_master(start_broker: StartBroker, ns: NameServerProcess, *flags: str) -
 def test_10000_messages_through_a_sync_master_are_on_the_slave_byte_for_byte(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master", "--role", "SYNC_MASTER")
+    # Sync flush and sync replication together: SEND_OK means on the master's disk and on the
+    # slave.
+    master = start(start_broker, nameserver, "master", "--role", "SYNC_MASTER", "--flush", "SYNC")
     create_topic(master)
     slave = start_slave(start_broker, nameserver)
     wait_in_sync(master)
