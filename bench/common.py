@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -154,3 +155,24 @@ def perfkit_grpc(perfkit: str, cases: Sequence[str]) -> dict[str, dict[str, Any]
             if r.get("bench") == "grpc.median":
                 found[r["case"]] = r
     return found
+
+
+def emit_summary(
+    runs: Sequence[dict[str, float]],
+    ratio: Callable[[dict[str, float]], dict[str, float]],
+    goals: Callable[[dict[str, float], dict[str, float]], dict[str, bool]],
+) -> None:
+    """The last line of a benchmark: medians of every figure, the median of each run's ratios
+    (each run's figures share that run's machine load), and one boolean per goal."""
+    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    per_run = [ratio(r) for r in runs]
+    ratios = {k: round(statistics.median(x[k] for x in per_run), 3) for k in per_run[0]}
+    emit(
+        {
+            "bench": "summary",
+            "runs": len(runs),
+            "medians": {k: round(v, 1) for k, v in med.items()},
+            "ratios": ratios,
+            "goals": goals(med, ratios),
+        }
+    )

@@ -31,7 +31,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import sys
 import tempfile
 import threading
@@ -46,6 +45,7 @@ from common import (
     TIDEMQ,
     Process,
     emit,
+    emit_summary,
     failure,
     free_port,
     perfkit_grpc,
@@ -369,29 +369,16 @@ def main() -> int:
         runs = [one_run(i, args, scratch, fill) for i in range(args.runs)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    # Ratios per run, then their median: each run's figures share that run's machine load.
-    ratio = {
-        "catchup_vs_stream_ceiling": [
-            r["catchup_MBps"] / r["ceiling_stream_1MiB_MBps"] for r in runs
-        ],
-        "produce_sync_vs_async": [
-            r["produce_sync_msgs_per_s"] / r["produce_async_msgs_per_s"] for r in runs
-        ],
-    }
-    ratios = {k: round(statistics.median(v), 3) for k, v in ratio.items()}
-    emit(
-        {
-            "bench": "summary",
-            "runs": args.runs,
-            "medians": {k: round(v, 1) for k, v in med.items()},
-            "ratios": ratios,
-            "goals": {
-                "produce_sync_ge_80pct_async": ratios["produce_sync_vs_async"]
-                >= SYNC_VS_ASYNC_GOAL,
-                "lag_p99_lt_1MiB": med["lag_p99_bytes"] < LAG_P99_GOAL_BYTES,
-            },
-        }
+    emit_summary(
+        runs,
+        lambda r: {
+            "catchup_vs_stream_ceiling": r["catchup_MBps"] / r["ceiling_stream_1MiB_MBps"],
+            "produce_sync_vs_async": r["produce_sync_msgs_per_s"] / r["produce_async_msgs_per_s"],
+        },
+        lambda med, ratios: {
+            "produce_sync_ge_80pct_async": ratios["produce_sync_vs_async"] >= SYNC_VS_ASYNC_GOAL,
+            "lag_p99_lt_1MiB": med["lag_p99_bytes"] < LAG_P99_GOAL_BYTES,
+        },
     )
     return 0
 

@@ -21,7 +21,6 @@ import argparse
 import os
 import shutil
 import signal
-import statistics
 import sys
 import tempfile
 from typing import Any
@@ -31,6 +30,7 @@ from common import (
     TIDEMQ,
     Process,
     emit,
+    emit_summary,
     free_port,
     perfkit_grpc,
     tidemq_bench,
@@ -129,34 +129,20 @@ def main() -> int:
         runs = [one_run(i, args, scratch) for i in range(args.runs)]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    # Ratios per run, then their median: each run's figures share that run's machine load.
-    ratio = {
-        "produce_async_vs_batch_ceiling": [
-            r["produce_async"] / r["ceiling_batch_msgs_per_s"] for r in runs
-        ],
-        "produce_sync_vs_batch_ceiling": [
-            r["produce_sync"] / r["ceiling_batch_msgs_per_s"] for r in runs
-        ],
-        "consume_vs_produce_async": [r["consume"] / r["produce_async"] for r in runs],
-        "unbatched_p50_vs_unary_p50": [
-            r["unbatched_p50_us"] / r["ceiling_unary_p50_us"] for r in runs
-        ],
-    }
-    ratios = {k: round(statistics.median(v), 3) for k, v in ratio.items()}
-    emit(
-        {
-            "bench": "summary",
-            "runs": args.runs,
-            "medians": {k: round(v, 1) for k, v in med.items()},
-            "ratios": ratios,
-            "goals": {
-                "produce_async_ge_70pct": ratios["produce_async_vs_batch_ceiling"] >= 0.7,
-                "produce_sync_ge_50pct": ratios["produce_sync_vs_batch_ceiling"] >= 0.5,
-                "consume_ge_produce": ratios["consume_vs_produce_async"] >= 1.0,
-                "unbatched_p50_le_2x_unary": ratios["unbatched_p50_vs_unary_p50"] <= 2.0,
-            },
-        }
+    emit_summary(
+        runs,
+        lambda r: {
+            "produce_async_vs_batch_ceiling": r["produce_async"] / r["ceiling_batch_msgs_per_s"],
+            "produce_sync_vs_batch_ceiling": r["produce_sync"] / r["ceiling_batch_msgs_per_s"],
+            "consume_vs_produce_async": r["consume"] / r["produce_async"],
+            "unbatched_p50_vs_unary_p50": r["unbatched_p50_us"] / r["ceiling_unary_p50_us"],
+        },
+        lambda med, ratios: {
+            "produce_async_ge_70pct": ratios["produce_async_vs_batch_ceiling"] >= 0.7,
+            "produce_sync_ge_50pct": ratios["produce_sync_vs_batch_ceiling"] >= 0.5,
+            "consume_ge_produce": ratios["consume_vs_produce_async"] >= 1.0,
+            "unbatched_p50_le_2x_unary": ratios["unbatched_p50_vs_unary_p50"] <= 2.0,
+        },
     )
     return 0
 

@@ -3,6 +3,8 @@ real nameserver, on 1 MiB CommitLog files so every test crosses several of them.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from protos import broker_pb2, common_pb2
@@ -150,3 +152,27 @@ def wait_in_sync(master: BrokerProcess, slaves: int = 1, timeout_s: float = 30) 
         timeout_s,
         f"{slaves} slave(s) in sync with the master",
     )
+
+
+def master_and_slave(
+    start_broker: StartBroker, ns: NameServerProcess, *master_flags: str
+) -> tuple[BrokerProcess, BrokerProcess]:
+    """A master (with ``master_flags``) holding topic "orders", and its slave knowing it."""
+    master = start(start_broker, ns, "master", *master_flags)
+    create_topic(master)
+    return master, start_slave(start_broker, ns)
+
+
+def while_streaming(
+    master: BrokerProcess, slave: BrokerProcess, count: int, act: Callable[[], object]
+) -> None:
+    """Send ``count`` messages in batches and ``act`` once the slave has passed its first file;
+    returns when every batch was sent."""
+    sender = threading.Thread(target=send_batches, args=(master, "live", count))
+    sender.start()
+    try:
+        wait_until(lambda: max_offset(slave) > 1 << 20, 60, "the slave to pass its first file")
+        act()
+    finally:
+        sender.join(120)
+    assert not sender.is_alive()

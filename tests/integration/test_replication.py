@@ -3,7 +3,6 @@ with 1 MiB CommitLog files so every test crosses several of them."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import grpc
@@ -18,13 +17,13 @@ from tests.integration.replicas import (
     assert_same_queues,
     commitlog,
     create_topic,
-    max_offset,
+    master_and_slave,
     send_batches,
     start,
     start_slave,
     wait_identical,
+    while_streaming,
 )
-from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +31,7 @@ pytestmark = pytest.mark.integration
 def test_async_master_streams_10000_messages_to_its_slave(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
+    master, slave = master_and_slave(start_broker, nameserver)
     send_batches(master, "m", 10_000)
     assert len(commitlog(master)) >= 4
     wait_identical(master, slave)
@@ -112,17 +109,8 @@ def test_diverged_slave_truncates_keeps_evidence_and_matches(
 def test_slave_killed_mid_stream_restarts_and_catches_up(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
-    sender = threading.Thread(target=send_batches, args=(master, "live", 12_000))
-    sender.start()
-    try:
-        wait_until(lambda: max_offset(slave) > 1 << 20, 60, "the slave to pass its first file")
-        slave.kill()
-    finally:
-        sender.join(120)
-    assert not sender.is_alive()
+    master, slave = master_and_slave(start_broker, nameserver)
+    while_streaming(master, slave, 12_000, slave.kill)
     slave = start_slave(start_broker, nameserver)
     wait_identical(master, slave)
     assert_same_queues(master, slave, 12_000)
@@ -131,16 +119,9 @@ def test_slave_killed_mid_stream_restarts_and_catches_up(
 def test_slave_stops_cleanly_while_streaming_under_load(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
-    sender = threading.Thread(target=send_batches, args=(master, "load", 12_000))
-    sender.start()
-    try:
-        wait_until(lambda: max_offset(slave) > 1 << 20, 60, "the slave to be streaming")
-        # SIGTERM mid-stream: the replication link must let go (a cancellation lost inside
-        # gRPC once kept it reconnecting forever).
-        assert slave.terminate(timeout_s=15) == 0
-    finally:
-        sender.join(120)
+    master, slave = master_and_slave(start_broker, nameserver)
+    # SIGTERM mid-stream: the replication link must let go (a cancellation lost inside gRPC
+    # once kept it reconnecting forever).
+    while_streaming(master, slave, 12_000, lambda: slave.terminate(timeout_s=15))
+    assert slave.proc.returncode == 0
     assert "stopped cleanly" in slave.log()

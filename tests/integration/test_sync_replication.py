@@ -20,6 +20,7 @@ from tests.integration.replicas import (
     QUEUES,
     assert_same_queues,
     create_topic,
+    master_and_slave,
     pull_queue,
     send,
     send_batches,
@@ -44,9 +45,9 @@ def test_10000_messages_through_a_sync_master_are_on_the_slave_byte_for_byte(
 ) -> None:
     # Sync flush and sync replication together: SEND_OK means on the master's disk and on the
     # slave.
-    master = start(start_broker, nameserver, "master", "--role", "SYNC_MASTER", "--flush", "SYNC")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
+    master, slave = master_and_slave(
+        start_broker, nameserver, "--role", "SYNC_MASTER", "--flush", "SYNC"
+    )
     wait_in_sync(master)
     send_batches(master, "sync", 10_000)  # every batch answered SEND_OK
     wait_identical(master, slave)
@@ -57,9 +58,7 @@ def test_10000_messages_through_a_sync_master_are_on_the_slave_byte_for_byte(
 def test_every_send_ok_survives_a_sigkill_of_the_master(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master", "--role", "SYNC_MASTER")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
+    master, slave = master_and_slave(start_broker, nameserver, "--role", "SYNC_MASTER")
     wait_in_sync(master)
     acked: list[tuple[int, int, bytes]] = []  # (queue, queue offset, body) of each SEND_OK
     stop = threading.Event()
@@ -214,9 +213,7 @@ def test_lag_is_reported_in_the_log_metrics_and_cluster_status(
 def test_config_sync_copies_topics_groups_offsets_and_keeps_newer_slave_offsets(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
+    master, slave = master_and_slave(start_broker, nameserver)
     create_topic(master, "payments")
     wait_until(lambda: "payments" in topic_names(slave), 30, "the new topic on the slave")
 
@@ -269,9 +266,7 @@ def test_config_sync_copies_topics_groups_offsets_and_keeps_newer_slave_offsets(
 def test_sdk_consumer_reads_from_the_slave_while_the_master_is_down_and_returns(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    master = start(start_broker, nameserver, "master")
-    create_topic(master)
-    slave = start_slave(start_broker, nameserver)
+    master, slave = master_and_slave(start_broker, nameserver)
     with tidemq.Producer(nameserver.address) as producer:
         for i in range(200):
             assert producer.send("orders", f"m{i}").status is tidemq.SendStatus.SEND_OK

@@ -24,6 +24,7 @@ from tests.integration.conftest import (
     StartBroker,
     StartNameServer,
 )
+from tests.integration.replicas import topic_names
 from tests.integration.zookeeper import StartZooKeeper, ZooKeeperServer
 from tests.waiting import wait_until
 
@@ -464,9 +465,4 @@ def test_slave_registered_only_in_zookeeper_finds_its_master_there(
         return int(st.store.commitlog_max_offset)
 
     wait_until(lambda: end(slave) == end(master) > 0, 30, "the slave to replicate via ZooKeeper")
-
-    def topics(b: BrokerProcess) -> set[str]:
-        listed = b.stub().ListTopics(broker_pb2.ListTopicsRequest(), timeout=RPC_TIMEOUT_S)
-        return {t.topic for t in listed.topics}
-
-    wait_until(lambda: "orders" in topics(slave), 30, "the master's topics on the slave")
+    wait_until(lambda: "orders" in topic_names(slave), 30, "the master's topics on the slave")
