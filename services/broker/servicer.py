@@ -80,8 +80,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         clients: ClientRegistry,
         waiters: PullWaiters,
         on_topics_changed: Callable[[], None],
+        groups: SubscriptionGroupManager,
         metrics: BrokerMetrics | None = None,
-        groups: SubscriptionGroupManager | None = None,
         replication: ReplicationServicer | None = None,
         replication_status: Callable[[], Any] | None = None,
     ) -> None:
@@ -93,7 +93,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.waiters = waiters
         self.on_topics_changed = on_topics_changed
         self.metrics = metrics
-        self.groups = groups or SubscriptionGroupManager(config.store_dir)
+        self.groups = groups
         self.replication = replication
         self.replication_status = replication_status
         self.shutting_down = False
@@ -330,14 +330,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         if not request.client_id:
             raise invalid("client_id is required")
         now = _now_ms()
+        memberships = []  # all validated before any is recorded
         for c in request.consumers:
             if not c.group:
                 raise invalid("consumer group name is required")
             subs = {s.topic: s.tag_expression or "*" for s in c.subscriptions}
             for expr in subs.values():
                 parse_tag_expression(expr)
-        for c in request.consumers:
-            subs = {s.topic: s.tag_expression or "*" for s in c.subscriptions}
+            memberships.append((c, subs))
+        for c, subs in memberships:
             self.clients.heartbeat(request.client_id, c.group, c.mode, subs, now)
             if self.config.role is not BrokerRole.SLAVE and self.groups.observe(
                 c.group, c.mode, subs, now
