@@ -92,7 +92,7 @@ class ConfigSync:
         offsets: OffsetManager,
         interval_ms: int,
         full_interval_ms: int,
-        on_topics_changed: Callable[[], None],
+        on_topics_changed: Callable[[], object],
     ) -> None:
         self.topics = topics
         self.groups = groups

@@ -6,7 +6,6 @@ abort file removed) and unregisters."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -30,6 +29,7 @@ from services.broker.groups import SubscriptionGroupManager
 from services.broker.long_polling import PullWaiters
 from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
+from services.broker.publication import RegistrationRounds
 from services.broker.replication import (
     TypedReplicationServicer,
     identity,
@@ -53,7 +53,7 @@ class Broker:
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self._register_now = asyncio.Event()
+        self.rounds = RegistrationRounds()
         self.store = MessageStore(
             StoreConfig(
                 config.store_dir,
@@ -74,7 +74,7 @@ class Broker:
                 self.offsets,
                 config.config_sync_interval_ms,
                 config.config_full_sync_interval_ms,
-                on_topics_changed=self._register_now.set,
+                on_topics_changed=self.rounds.request,
             )
         else:
             self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
@@ -126,7 +126,7 @@ class Broker:
             self.offsets,
             self.clients,
             waiters,
-            on_topics_changed=self._register_now.set,
+            publish_topics=self._publish_topics,
             metrics=self.metrics,
             groups=self.groups,
             replication=self.replication,
@@ -209,12 +209,15 @@ class Broker:
             log.info("clients expired: %s", gone)
 
     async def _register_loop(self) -> None:
+        self.rounds.request()  # the first round runs at once
         while True:
+            ticket = await self.rounds.next_round(self.config.register_interval_ms / 1000)
             await self.register_all()
-            self._register_now.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.config.register_interval_ms / 1000):
-                    await self._register_now.wait()
+            await self.rounds.finished(ticket)
+
+    async def _publish_topics(self) -> None:
+        if not await self.rounds.publish(REGISTER_TIMEOUT_S):
+            log.warning("topic change not yet published to the nameservers; retried next round")
 
     async def register_all(self) -> None:
         if self.zk is not None:

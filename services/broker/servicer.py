@@ -79,7 +79,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         offsets: OffsetManager,
         clients: ClientRegistry,
         waiters: PullWaiters,
-        on_topics_changed: Callable[[], None],
+        publish_topics: Callable[[], Awaitable[None]],
         groups: SubscriptionGroupManager,
         metrics: BrokerMetrics | None = None,
         replication: ReplicationServicer | None = None,
@@ -91,7 +91,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.offsets = offsets
         self.clients = clients
         self.waiters = waiters
-        self.on_topics_changed = on_topics_changed
+        self.publish_topics = publish_topics
         self.metrics = metrics
         self.groups = groups
         self.replication = replication
@@ -102,16 +102,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self._confirm = replication if config.confirm_offset else None
 
     # ------------------------------------------------------------------ helpers
-    def _topic(self, name: str, *, for_write: bool) -> TopicConfig:
-        cfg = self.topics.get(name)
-        if cfg is None and for_write and self.config.auto_create_topics:
+    async def _writable_topic(self, name: str) -> TopicConfig:
+        if self.topics.get(name) is None and self.config.auto_create_topics:
             n = self.config.default_queue_nums
             try:
                 self.topics.upsert(TopicConfig(name, n, n))
             except ValueError as e:
                 raise invalid(str(e), common_pb2.INVALID_TOPIC) from None
-            self.on_topics_changed()
-            cfg = self.topics.get(name)
+            # Answer once the route exists: a consumer started right after this send must
+            # find the topic at the nameserver.
+            await self.publish_topics()
+        return self._topic(name, for_write=True)
+
+    def _topic(self, name: str, *, for_write: bool) -> TopicConfig:
+        cfg = self.topics.get(name)
         if cfg is None:
             raise not_found(
                 f"topic {name!r} does not exist on this broker", common_pb2.TOPIC_NOT_FOUND
@@ -168,7 +172,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             name = m.topic
             cfg = configs.get(name)
             if cfg is None:
-                cfg = configs[name] = self._topic(name, for_write=True)
+                cfg = configs[name] = await self._writable_topic(name)
             self._check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
         put = self.store.put_messages(batch)
@@ -396,7 +400,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             created = self.topics.upsert(cfg)
         except ValueError as e:
             raise invalid(str(e), common_pb2.INVALID_TOPIC) from None
-        self.on_topics_changed()
+        await self.publish_topics()
         return broker_pb2.CreateTopicResponse(topic=topic_proto(cfg), created=created)
 
     @typed_errors
@@ -404,7 +408,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self._ensure_master("delete topics")
         if not self.topics.delete(request.topic):
             raise not_found(f"topic {request.topic!r} does not exist", common_pb2.TOPIC_NOT_FOUND)
-        self.on_topics_changed()
+        await self.publish_topics()
         return broker_pb2.DeleteTopicResponse()
 
     @typed_errors

@@ -1,5 +1,6 @@
 """The broker's state tables and config, without sockets."""
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerRole, load
 from services.broker.convert import parse_tag_expression
 from services.broker.offsets import OffsetManager
+from services.broker.publication import RegistrationRounds
 from services.broker.topics import TopicConfig, TopicManager
 from services.errors import ServiceError
 from storage.errors import ConfigError, InvalidTopicError
@@ -107,3 +109,35 @@ def test_config_from_toml_with_flags_on_top(tmp_path: Path) -> None:
 def test_bad_configs_are_refused_once(overrides: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         load(None, overrides)
+
+
+def test_a_topic_change_made_during_a_registration_round_gets_a_round_of_its_own() -> None:
+    async def scenario() -> None:
+        rounds = RegistrationRounds()
+        first = rounds.request()
+        assert await rounds.next_round(interval_s=60) == first  # wanted: no interval wait
+        # A change arrives while round `first` is on the wire: that round cannot carry it.
+        during = rounds.request()
+        await rounds.finished(first)
+        assert not await rounds.published(during, timeout_s=0.05)
+        assert await rounds.published(first, timeout_s=0.05)
+        # The change was not lost with the finished round: the next one starts at once.
+        async with asyncio.timeout(1):
+            ticket = await rounds.next_round(interval_s=60)
+        assert ticket == during
+        waiter = asyncio.create_task(rounds.published(during, timeout_s=5))
+        await rounds.finished(ticket)
+        assert await waiter
+
+    asyncio.run(scenario())
+
+
+def test_with_nothing_wanted_a_registration_round_waits_out_its_interval() -> None:
+    async def scenario() -> None:
+        rounds = RegistrationRounds()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert await rounds.next_round(interval_s=0.05) == 0
+        assert loop.time() - started >= 0.05
+
+    asyncio.run(scenario())
