@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from replication.acks import quorum_offset
 from replication.config import ReplicationConfig
+from replication.election import ReplicaView, confirmed_by_isr
 from replication.log import LogView, Probe
 
 
@@ -152,6 +153,11 @@ class SlaveProgress:
     address: str = ""
     # Store timestamp of the last record the slave has dispatched, as it last reported.
     last_store_timestamp_ms: int = 0
+    # The master's max offset when it last sent this slave a chunk; an ack reaching it means
+    # the slave held everything there was as of that send (RocketMQ's lastMasterMaxOffset).
+    max_at_last_send: int = 0
+    # When the slave last held everything there was (ISR membership); None: not yet.
+    caught_up_ms: int | None = None
     state: LinkState = LinkState.STREAM
     error: str | None = None
 
@@ -218,6 +224,13 @@ class MasterTracker:
     config: ReplicationConfig
     file_size: int
     links: dict[int, SlaveProgress] = field(default_factory=dict)  # link id -> progress
+    # Automatic failover: the ISR in force (the master's own id included) and this broker's
+    # id; None in classic master/slave, where lag alone decides who is in sync.
+    isr: frozenset[int] | None = None
+    master_id: int = 0
+    # Last offset each slave acknowledged, kept across its reconnections: an ISR member that
+    # lost its link still holds what it acknowledged.
+    acked_by_broker: dict[int, int] = field(default_factory=dict)
     _by_broker: dict[int, int] = field(default_factory=dict)  # broker id -> link id
     _next_link: int = 1
 
@@ -241,6 +254,10 @@ class MasterTracker:
         self._next_link += 1
         self.links[link.link_id] = link
         self._by_broker[broker_id] = link.link_id
+        self.acked_by_broker[broker_id] = accepted.start_offset
+        if accepted.start_offset >= accepted.master_max_offset:
+            link.caught_up_ms = now_ms
+        link.max_at_last_send = accepted.master_max_offset
         return link
 
     def _close(self, link_id: int, reason: str) -> None:
@@ -255,7 +272,12 @@ class MasterTracker:
             del self._by_broker[p.broker_id]
 
     def on_report(
-        self, link_id: int, max_offset: int, now_ms: int, last_store_timestamp_ms: int = 0
+        self,
+        link_id: int,
+        max_offset: int,
+        now_ms: int,
+        last_store_timestamp_ms: int = 0,
+        master_max_offset: int | None = None,
     ) -> None:
         p = self.links[link_id]
         p.last_heard_ms = now_ms
@@ -267,15 +289,23 @@ class MasterTracker:
             p.error = f"report of {max_offset} below the {p.acked_offset} already acknowledged"
         else:
             p.acked_offset = max_offset
+            self.acked_by_broker[p.broker_id] = max_offset
+            if max_offset >= p.max_at_last_send:
+                # Caught up now if nothing arrived since; else as of the last send.
+                current = master_max_offset is None or max_offset >= master_max_offset
+                p.caught_up_ms = now_ms if current else p.last_sent_ms
 
     def on_protocol_error(self, link_id: int, reason: str) -> None:
         self.links[link_id].error = reason
 
-    def on_sent(self, link_id: int, offset: int, length: int, now_ms: int) -> None:
+    def on_sent(
+        self, link_id: int, offset: int, length: int, now_ms: int, master_max_offset: int = 0
+    ) -> None:
         p = self.links[link_id]
         assert offset == p.sent_offset, f"chunk at {offset}, expected {p.sent_offset}"
         p.sent_offset += length
         p.last_sent_ms = now_ms
+        p.max_at_last_send = max(master_max_offset, p.sent_offset)
 
     def on_heartbeat_sent(self, link_id: int, now_ms: int) -> None:
         self.links[link_id].last_sent_ms = now_ms
@@ -305,24 +335,48 @@ class MasterTracker:
         return sorted(self.links.values(), key=lambda p: p.broker_id)
 
     def is_in_sync(self, p: SlaveProgress, master_max_offset: int) -> bool:
-        """A live link no further behind than the bound: it may acknowledge SYNC sends."""
-        return (
-            p.state is LinkState.STREAM
-            and p.error is None
-            and p.lag_bytes(master_max_offset) <= self.config.insync_max_lag_bytes
-        )
+        """A live link that may acknowledge SYNC sends: a member of the ISR under automatic
+        failover, else no further behind than the bound."""
+        if p.state is not LinkState.STREAM or p.error is not None:
+            return False
+        if self.isr is not None:
+            return p.broker_id in self.isr
+        return p.lag_bytes(master_max_offset) <= self.config.insync_max_lag_bytes
 
     def in_sync(self, master_max_offset: int) -> list[SlaveProgress]:
         return [p for p in self.progress() if self.is_in_sync(p, master_max_offset)]
 
+    def _isr_slaves(self) -> list[int]:
+        assert self.isr is not None
+        return [m for m in self.isr if m != self.master_id]
+
     def quorum_available(self, master_max_offset: int) -> bool:
         """Enough slaves are in sync for a SYNC send to wait (else SLAVE_NOT_AVAILABLE)."""
+        if self.isr is not None:
+            return len(self._isr_slaves()) >= self.config.min_insync_replicas
         return len(self.in_sync(master_max_offset)) >= self.config.min_insync_replicas
 
     def confirmed_offset(self, master_max_offset: int) -> int | None:
-        """What at least ``min_insync_replicas`` in-sync slaves hold; None without a quorum."""
+        """What the SYNC acknowledgement counts as held. Classic: what at least
+        ``min_insync_replicas`` in-sync slaves hold, None without a quorum. Automatic failover:
+        what every ISR slave holds (the ISR is who may succeed this master), None with fewer
+        than ``min_insync_replicas`` of them."""
+        if self.isr is not None:
+            if len(self._isr_slaves()) < self.config.min_insync_replicas:
+                return None
+            return confirmed_by_isr(
+                self.master_id, self.isr, self.acked_by_broker, master_max_offset
+            )
         acked = [p.acked_offset for p in self.in_sync(master_max_offset)]
         return quorum_offset(acked, self.config.min_insync_replicas)
+
+    def replica_views(self) -> dict[int, ReplicaView]:
+        """Every slave seen this mastership, for the ISR decision."""
+        out = {b: ReplicaView(b, False, acked, None) for b, acked in self.acked_by_broker.items()}
+        for p in self.progress():
+            if p.state is LinkState.STREAM and p.error is None:
+                out[p.broker_id] = ReplicaView(p.broker_id, True, p.acked_offset, p.caught_up_ms)
+        return out
 
     def lags(self, master_max_offset: int, master_last_store_timestamp_ms: int) -> list[SlaveLag]:
         return [

@@ -233,7 +233,9 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                     log.warning("replication to %s dropped: %s", who, e)
                     return
                 if data:
-                    tracker.on_sent(link_id, action.offset, len(data), monotonic_ms())
+                    tracker.on_sent(
+                        link_id, action.offset, len(data), monotonic_ms(), commitlog.max_offset
+                    )
                     yield R.MasterMessage(chunk=R.Chunk(offset=action.offset, data=data))
                     continue
             elif isinstance(action, SendHeartbeat):
@@ -257,7 +259,13 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                     tracker.on_protocol_error(link_id, "only Reports may follow the Handshake")
                     break
                 r = m.report
-                tracker.on_report(link_id, r.max_offset, monotonic_ms(), r.last_store_timestamp_ms)
+                tracker.on_report(
+                    link_id,
+                    r.max_offset,
+                    monotonic_ms(),
+                    r.last_store_timestamp_ms,
+                    self.store.commitlog.max_offset,
+                )
                 self._advance()
                 wake.set()
             else:
