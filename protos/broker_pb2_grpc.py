@@ -114,6 +114,11 @@ class BrokerStub:
                 request_serializer=protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
                 response_deserializer=protos_dot_broker__pb2.SyncConfigResponse.FromString,
                 _registered_method=True)
+        self.Switchover = channel.unary_unary(
+                '/tidemq.v1.Broker/Switchover',
+                request_serializer=protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
+                response_deserializer=protos_dot_broker__pb2.SwitchoverResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -222,6 +227,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Switchover(self, request, context):
+        """Automatic failover: hand mastership to an in-sync slave (called on the master).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -304,6 +316,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.SyncConfig,
                     request_deserializer=protos_dot_broker__pb2.SyncConfigRequest.FromString,
                     response_serializer=protos_dot_broker__pb2.SyncConfigResponse.SerializeToString,
+            ),
+            'Switchover': grpc.unary_unary_rpc_method_handler(
+                    servicer.Switchover,
+                    request_deserializer=protos_dot_broker__pb2.SwitchoverRequest.FromString,
+                    response_serializer=protos_dot_broker__pb2.SwitchoverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -738,6 +755,33 @@ class Broker:
             '/tidemq.v1.Broker/SyncConfig',
             protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
             protos_dot_broker__pb2.SyncConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Switchover(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/Switchover',
+            protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
+            protos_dot_broker__pb2.SwitchoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

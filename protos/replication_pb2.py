@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/replication.proto\x12\ttidemq.v1\"9\n\x08LogProbe\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0e\n\x06length\x18\x02 \x01(\x03\x12\r\n\x05\x63rc32\x18\x03 \x01(\r\"\xce\x01\n\tHandshake\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x1b\n\x13\x63ommitlog_file_size\x18\x04 \x01(\x03\x12\r\n\x05\x65mpty\x18\x05 \x01(\x08\x12\x12\n\nmin_offset\x18\x06 \x01(\x03\x12\x12\n\nmax_offset\x18\x07 \x01(\x03\x12#\n\x06probes\x18\x08 \x03(\x0b\x32\x13.tidemq.v1.LogProbe\x12\x0f\n\x07\x61\x64\x64ress\x18\t \x01(\t\"=\n\x06Report\x12\x12\n\nmax_offset\x18\x01 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x02 \x01(\x03\"f\n\x0cSlaveMessage\x12)\n\thandshake\x18\x01 \x01(\x0b\x32\x14.tidemq.v1.HandshakeH\x00\x12#\n\x06report\x18\x02 \x01(\x0b\x32\x11.tidemq.v1.ReportH\x00\x42\x06\n\x04kind\"\x81\x01\n\x11HandshakeAccepted\x12\x19\n\x11master_min_offset\x18\x01 \x01(\x03\x12\x19\n\x11master_max_offset\x18\x02 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x10\n\x08truncate\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"%\n\x05\x43hunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"&\n\tHeartbeat\x12\x19\n\x11master_max_offset\x18\x01 \x01(\x03\"\x97\x01\n\rMasterMessage\x12\x30\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1c.tidemq.v1.HandshakeAcceptedH\x00\x12!\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x10.tidemq.v1.ChunkH\x00\x12)\n\theartbeat\x18\x03 \x01(\x0b\x32\x14.tidemq.v1.HeartbeatH\x00\x42\x06\n\x04kind2N\n\x0bReplication\x12?\n\x06Stream\x12\x17.tidemq.v1.SlaveMessage\x1a\x18.tidemq.v1.MasterMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protos/replication.proto\x12\ttidemq.v1\"9\n\x08LogProbe\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0e\n\x06length\x18\x02 \x01(\x03\x12\r\n\x05\x63rc32\x18\x03 \x01(\r\"\x8a\x02\n\tHandshake\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x11\n\tbroker_id\x18\x03 \x01(\x03\x12\x1b\n\x13\x63ommitlog_file_size\x18\x04 \x01(\x03\x12\r\n\x05\x65mpty\x18\x05 \x01(\x08\x12\x12\n\nmin_offset\x18\x06 \x01(\x03\x12\x12\n\nmax_offset\x18\x07 \x01(\x03\x12#\n\x06probes\x18\x08 \x03(\x0b\x32\x13.tidemq.v1.LogProbe\x12\x0f\n\x07\x61\x64\x64ress\x18\t \x01(\t\x12\x13\n\x0bgroup_epoch\x18\n \x01(\x03\x12%\n\x06\x65pochs\x18\x0b \x03(\x0b\x32\x15.tidemq.v1.EpochEntry\"1\n\nEpochEntry\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x02 \x01(\x03\"=\n\x06Report\x12\x12\n\nmax_offset\x18\x01 \x01(\x03\x12\x1f\n\x17last_store_timestamp_ms\x18\x02 \x01(\x03\"f\n\x0cSlaveMessage\x12)\n\thandshake\x18\x01 \x01(\x0b\x32\x14.tidemq.v1.HandshakeH\x00\x12#\n\x06report\x18\x02 \x01(\x0b\x32\x11.tidemq.v1.ReportH\x00\x42\x06\n\x04kind\"\x97\x01\n\x11HandshakeAccepted\x12\x19\n\x11master_min_offset\x18\x01 \x01(\x03\x12\x19\n\x11master_max_offset\x18\x02 \x01(\x03\x12\x14\n\x0cstart_offset\x18\x03 \x01(\x03\x12\x10\n\x08truncate\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x14\n\x0cmaster_epoch\x18\x06 \x01(\x03\"h\n\x05\x43hunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x1a\n\x12\x65poch_start_offset\x18\x04 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x05 \x01(\x03\">\n\tHeartbeat\x12\x19\n\x11master_max_offset\x18\x01 \x01(\x03\x12\x16\n\x0e\x63onfirm_offset\x18\x02 \x01(\x03\"\x97\x01\n\rMasterMessage\x12\x30\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1c.tidemq.v1.HandshakeAcceptedH\x00\x12!\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x10.tidemq.v1.ChunkH\x00\x12)\n\theartbeat\x18\x03 \x01(\x0b\x32\x14.tidemq.v1.HeartbeatH\x00\x42\x06\n\x04kind2N\n\x0bReplication\x12?\n\x06Stream\x12\x17.tidemq.v1.SlaveMessage\x1a\x18.tidemq.v1.MasterMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,19 +34,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LOGPROBE']._serialized_start=39
   _globals['_LOGPROBE']._serialized_end=96
   _globals['_HANDSHAKE']._serialized_start=99
-  _globals['_HANDSHAKE']._serialized_end=305
-  _globals['_REPORT']._serialized_start=307
-  _globals['_REPORT']._serialized_end=368
-  _globals['_SLAVEMESSAGE']._serialized_start=370
-  _globals['_SLAVEMESSAGE']._serialized_end=472
-  _globals['_HANDSHAKEACCEPTED']._serialized_start=475
-  _globals['_HANDSHAKEACCEPTED']._serialized_end=604
-  _globals['_CHUNK']._serialized_start=606
-  _globals['_CHUNK']._serialized_end=643
-  _globals['_HEARTBEAT']._serialized_start=645
-  _globals['_HEARTBEAT']._serialized_end=683
-  _globals['_MASTERMESSAGE']._serialized_start=686
-  _globals['_MASTERMESSAGE']._serialized_end=837
-  _globals['_REPLICATION']._serialized_start=839
-  _globals['_REPLICATION']._serialized_end=917
+  _globals['_HANDSHAKE']._serialized_end=365
+  _globals['_EPOCHENTRY']._serialized_start=367
+  _globals['_EPOCHENTRY']._serialized_end=416
+  _globals['_REPORT']._serialized_start=418
+  _globals['_REPORT']._serialized_end=479
+  _globals['_SLAVEMESSAGE']._serialized_start=481
+  _globals['_SLAVEMESSAGE']._serialized_end=583
+  _globals['_HANDSHAKEACCEPTED']._serialized_start=586
+  _globals['_HANDSHAKEACCEPTED']._serialized_end=737
+  _globals['_CHUNK']._serialized_start=739
+  _globals['_CHUNK']._serialized_end=843
+  _globals['_HEARTBEAT']._serialized_start=845
+  _globals['_HEARTBEAT']._serialized_end=907
+  _globals['_MASTERMESSAGE']._serialized_start=910
+  _globals['_MASTERMESSAGE']._serialized_end=1061
+  _globals['_REPLICATION']._serialized_start=1063
+  _globals['_REPLICATION']._serialized_end=1141
 # @@protoc_insertion_point(module_scope)

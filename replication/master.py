@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from replication.acks import quorum_offset
 from replication.config import ReplicationConfig
 from replication.election import ReplicaView, confirmed_by_isr
+from replication.epochs import EpochEntry, consistent_point
 from replication.log import LogView, Probe
 
 
@@ -39,6 +40,9 @@ class Handshake:
     max_offset: int
     probes: Sequence[Probe] = ()
     address: str = ""
+    # Automatic failover: the epoch the slave means to follow, and its epoch file.
+    group_epoch: int = 0
+    epochs: Sequence[EpochEntry] = ()
 
 
 class RefusalKind(enum.Enum):
@@ -47,6 +51,7 @@ class RefusalKind(enum.Enum):
     INCOMPATIBLE = "incompatible"  # a store layout the two logs cannot share
     PROTOCOL = "protocol"  # a malformed or out-of-order message
     NO_COMMON_HISTORY = "no_common_history"  # nothing the master still holds can continue it
+    STALE_EPOCH = "stale_epoch"  # the callee is a master an election has superseded
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,37 @@ def decide_handshake(
     return no_common(
         f"{why}, and no record it holds from {hs.min_offset} matches the master's log "
         f"[{lo}, {hi}); wipe the slave's store to replicate from scratch"
+    )
+
+
+def decide_by_epochs(
+    hs: Handshake, master_epochs: Sequence[EpochEntry], log: LogView
+) -> Accept | Refusal | None:
+    """Automatic failover: where a slave continues, from the two epoch files (the last offset
+    both logs hold the same bytes to). None when either side has no epochs to compare; the
+    caller then compares records (``decide_handshake``)."""
+    if hs.empty or not hs.epochs or not master_epochs:
+        return None
+    lo, hi = log.min_offset, log.max_offset
+    point = consistent_point(hs.epochs, hs.max_offset, master_epochs, hi)
+    if point is None:
+        return None
+    if point < lo:
+        return Refusal(
+            RefusalKind.NO_COMMON_HISTORY,
+            f"the logs part at {point}, below the master's min offset {lo}; wipe the slave's "
+            f"store to replicate from scratch",
+            lo,
+            hi,
+        )
+    if point >= hs.max_offset:
+        return Accept(hs.max_offset, False, f"slave continues at {hs.max_offset} (epochs)", lo, hi)
+    return Accept(
+        point,
+        True,
+        f"slave log ends at {hs.max_offset} but shares the master's epochs only up to {point}",
+        lo,
+        hi,
     )
 
 

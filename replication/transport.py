@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from protos import replication_pb2, replication_pb2_grpc
 from replication.acks import GroupAck
 from replication.config import MAX_CHUNK_BYTES, ReplicationConfig
+from replication.epochs import EpochEntry, EpochFile, EpochLog
 from replication.log import CommitLogView, Probe, slave_probes
 from replication.master import (
     Accept,
@@ -40,6 +41,7 @@ from replication.master import (
     Send,
     SendHeartbeat,
     SlaveLag,
+    decide_by_epochs,
     decide_handshake,
 )
 from replication.slave import ProtocolError, SlaveSession
@@ -61,6 +63,7 @@ REFUSAL_STATUS = {
     RefusalKind.INCOMPATIBLE: grpc.StatusCode.INVALID_ARGUMENT,
     RefusalKind.PROTOCOL: grpc.StatusCode.INVALID_ARGUMENT,
     RefusalKind.NO_COMMON_HISTORY: grpc.StatusCode.OUT_OF_RANGE,
+    RefusalKind.STALE_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -77,7 +80,19 @@ def handshake_from_proto(m: Any) -> Handshake:
         max_offset=m.max_offset,
         probes=tuple(Probe(p.offset, p.length, p.crc32) for p in m.probes),
         address=m.address,
+        group_epoch=m.group_epoch,
+        epochs=tuple(EpochEntry(e.epoch, e.start_offset) for e in m.epochs),
     )
+
+
+def decide(
+    local: Identity, file_size: int, hs: Handshake, log: CommitLogView, epochs: EpochLog | None
+) -> Accept | Refusal:
+    """Epochs first (automatic failover), records otherwise."""
+    by_epochs = decide_by_epochs(hs, epochs.entries if epochs else (), log)
+    if by_epochs is not None:
+        return by_epochs
+    return decide_handshake(local, file_size, hs, log)
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ignore[misc]
@@ -97,16 +112,51 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         # consumer was shown under confirm_offset stays shown.
         self.confirmed_offset = 0
         self._confirm_listeners: list[Callable[[int], None]] = []
+        # Automatic failover: whether this broker is the master now, its epoch and epoch
+        # file; each mastership is a generation, and links of an ended one stop.
+        self.active = True
+        self.epoch = 0
+        self.epochs: EpochFile | None = None
+        self._generation = 0
+
+    def begin_mastership(
+        self, epoch: int, epochs: EpochFile, isr: frozenset[int], confirmed_floor: int
+    ) -> None:
+        """This broker was elected: a fresh tracker under the new epoch and ISR. What it knew
+        as confirmed while a slave stays confirmed (the confirm offset never moves back)."""
+        self._generation += 1
+        self.tracker = MasterTracker(self.config, self.store.config.commitlog_file_size_bytes)
+        self.tracker.isr = isr
+        self.tracker.master_id = self.identity.broker_id
+        self.epoch = epoch
+        self.epochs = epochs
+        self.confirmed_offset = max(self.confirmed_offset, confirmed_floor)
+        self.active = True
+
+    def end_mastership(self) -> None:
+        """Stepped down: every link ends at its next step and every SYNC send still waiting is
+        answered unacknowledged."""
+        self.active = False
+        self._generation += 1
+        self._fail_waiters("this broker is no longer the master")
+
+    def set_isr(self, isr: frozenset[int]) -> None:
+        """The ISR in force changed (a shrink releases sends that waited on a leaver)."""
+        self.tracker.isr = isr
+        self._advance()
+
+    def _fail_waiters(self, reason: str) -> None:
+        for e in self._wakes:
+            e.set()
+        for fut in self._acks.drain():
+            if not fut.done():
+                fut.set_exception(TimeoutError(reason))
 
     def close(self) -> None:
         """End every stream at its next step (shutdown: the server need not wait for them), and
         answer every SYNC send still waiting: it times out now rather than at the deadline."""
         self._closing = True
-        for e in self._wakes:
-            e.set()
-        for fut in self._acks.drain():
-            if not fut.done():
-                fut.set_exception(TimeoutError("the master is shutting down"))
+        self._fail_waiters("the master is shutting down")
 
     def add_confirm_listener(self, listener: Callable[[int], None]) -> None:
         """Called on the event loop whenever the confirmed offset moves up."""
@@ -124,7 +174,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         completes; no thread waits."""
         if self.confirmed_offset >= end_offset:
             return PutStatus.PUT_OK
-        if self._closing or not self.tracker.quorum_available(self.store.commitlog.max_offset):
+        if (
+            self._closing
+            or not self.active
+            or not self.tracker.quorum_available(self.store.commitlog.max_offset)
+        ):
             return PutStatus.SLAVE_NOT_AVAILABLE
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._acks.add(end_offset, fut)
@@ -176,13 +230,27 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                 context, Refusal(RefusalKind.PROTOCOL, "the first message must be a Handshake")
             )
         hs = handshake_from_proto(first.handshake)
+        if not self.active:
+            await self.refuse(
+                context, Refusal(RefusalKind.NOT_MASTER, "this broker is not the master now")
+            )
+        if hs.group_epoch > self.epoch:
+            await self.refuse(
+                context,
+                Refusal(
+                    RefusalKind.STALE_EPOCH,
+                    f"this master serves epoch {self.epoch}; the slave follows epoch "
+                    f"{hs.group_epoch}",
+                ),
+            )
         store = self.store
         decision = await asyncio.to_thread(
-            decide_handshake,
+            decide,
             self.identity,
             store.config.commitlog_file_size_bytes,
             hs,
             CommitLogView(store.commitlog),
+            self.epochs.log if self.epochs is not None else None,
         )
         who = f"{hs.identity.broker_name}/{hs.identity.broker_id} at {context.peer()}"
         if isinstance(decision, Refusal):
@@ -190,7 +258,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             await self.refuse(context, decision)
         assert isinstance(decision, Accept)
         log.info("replication to %s accepted: %s", who, decision.reason)
-        link = self.tracker.connect(hs.identity.broker_id, decision, monotonic_ms(), hs.address)
+        tracker = self.tracker  # a new mastership replaces it; this link stays with its own
+        link = tracker.connect(hs.identity.broker_id, decision, monotonic_ms(), hs.address)
         wake = asyncio.Event()
         self._wakes.add(wake)
         # A reconnecting slave may already hold enough to confirm waiting sends.
@@ -204,6 +273,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                     start_offset=decision.start_offset,
                     truncate=decision.truncate,
                     reason=decision.reason,
+                    master_epoch=self.epoch,
                 )
             )
             async for message in self._send_loop(link.link_id, wake, who):
@@ -213,22 +283,22 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            self.tracker.disconnect(link.link_id)
+            tracker.disconnect(link.link_id)
 
     async def _send_loop(self, link_id: int, wake: asyncio.Event, who: str) -> AsyncIterator[Any]:
         poll_s = self.config.poll_interval_ms / 1000
         tracker = self.tracker
         commitlog = self.store.commitlog
-        while not self._closing:
+        generation = self._generation
+        while not self._closing and self._generation == generation:
             action = tracker.next_action(link_id, commitlog.max_offset, monotonic_ms())
             if isinstance(action, Drop):
                 log.warning("replication to %s dropped: %s", who, action.reason)
                 return
             if isinstance(action, Send):
+                epoch, epoch_start, length = self._epoch_of(action.offset, action.length)
                 try:
-                    data = await asyncio.to_thread(
-                        self.store.read_raw, action.offset, action.length
-                    )
+                    data = await asyncio.to_thread(self.store.read_raw, action.offset, length)
                 except OffsetBelowMinError as e:
                     log.warning("replication to %s dropped: %s", who, e)
                     return
@@ -236,11 +306,24 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                     tracker.on_sent(
                         link_id, action.offset, len(data), monotonic_ms(), commitlog.max_offset
                     )
-                    yield R.MasterMessage(chunk=R.Chunk(offset=action.offset, data=data))
+                    yield R.MasterMessage(
+                        chunk=R.Chunk(
+                            offset=action.offset,
+                            data=data,
+                            epoch=epoch,
+                            epoch_start_offset=epoch_start,
+                            confirm_offset=self.confirmed_offset,
+                        )
+                    )
                     continue
             elif isinstance(action, SendHeartbeat):
                 tracker.on_heartbeat_sent(link_id, monotonic_ms())
-                yield R.MasterMessage(heartbeat=R.Heartbeat(master_max_offset=commitlog.max_offset))
+                yield R.MasterMessage(
+                    heartbeat=R.Heartbeat(
+                        master_max_offset=commitlog.max_offset,
+                        confirm_offset=self.confirmed_offset,
+                    )
+                )
                 continue
             # Sends through the broker wake the loop (notify_appended); the poll is the backstop
             # for appends that bypass it. Reports wake it too (the window opened).
@@ -248,6 +331,20 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                 async with asyncio.timeout(poll_s):
                     await wake.wait()
             wake.clear()
+
+    def _epoch_of(self, offset: int, length: int) -> tuple[int, int, int]:
+        """The epoch that wrote ``offset``, where it started, and the chunk length cut so the
+        chunk stays inside it (a slave learns epoch boundaries from chunk headers)."""
+        if self.epochs is None:
+            return 0, 0, length
+        entries = self.epochs.log
+        entry = entries.epoch_at(offset)
+        if entry is None:
+            return 0, 0, length
+        nxt = entries.next_start_after(entry.epoch)
+        if nxt is not None and offset + length > nxt:
+            length = nxt - offset
+        return entry.epoch, entry.start_offset, length
 
     async def _read_reports(
         self, requests: AsyncIterator[Any], link_id: int, wake: asyncio.Event
@@ -309,14 +406,24 @@ class SlaveClient:
         self._address_known = asyncio.Event()
         self.session: SlaveSession | None = None
         self.links = 0
+        # Automatic failover: the epoch of the master to follow (a master at an older epoch is
+        # refused), the epoch file chunks extend, and the master's confirm offset as last heard.
+        self.group_epoch = 0
+        self.epochs: EpochFile | None = None
+        self.confirm_offset = 0
+        self._call: Any = None
 
-    def set_master(self, address: str) -> None:
-        """The master's HA address, as the registry answered; a change takes effect on the next
-        connection."""
-        if address and address != self.master_address:
-            log.info("replication master is now %s", address)
-            self.master_address = address
-            self._address_known.set()
+    def set_master(self, address: str, epoch: int = 0) -> None:
+        """The master's HA address (and, under automatic failover, its epoch), as the registry
+        answered. A new master ends the current link at once: the next one goes to it."""
+        if not address or (address, epoch) == (self.master_address, self.group_epoch):
+            return
+        log.info("replication master is now %s (epoch %d)", address, epoch)
+        self.master_address = address
+        self.group_epoch = max(self.group_epoch, epoch)
+        self._address_known.set()
+        if self._call is not None:
+            self._call.cancel()
 
     async def run(self) -> None:
         cfg = self.config
@@ -366,7 +473,7 @@ class SlaveClient:
         cl = store.commitlog
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
         async with grpc.aio.insecure_channel(address, options=options) as channel:
-            call = replication_pb2_grpc.ReplicationStub(channel).Stream()
+            call = self._call = replication_pb2_grpc.ReplicationStub(channel).Stream()
             inbox: asyncio.Queue[Any] = asyncio.Queue()
             reader = asyncio.create_task(self._read(call, inbox))
             try:
@@ -378,6 +485,11 @@ class SlaveClient:
                 if first is None or first.WhichOneof("kind") != "accepted":
                     raise ProtocolError("the master did not answer the handshake")
                 a = first.accepted
+                if a.master_epoch < self.group_epoch:
+                    raise LinkDown(
+                        f"{address} serves epoch {a.master_epoch}, older than the group's "
+                        f"{self.group_epoch}"
+                    )
                 cut = session.on_accepted(
                     a.start_offset,
                     a.truncate,
@@ -391,6 +503,8 @@ class SlaveClient:
                     n = await asyncio.to_thread(
                         store.truncate_to, cut.offset, f"replication: {cut.reason}"
                     )
+                    if self.epochs is not None:
+                        self.epochs.truncate_from(cut.offset)
                     log.warning(
                         "replication: cut %d bytes back to %d (kept under evidence/): %s",
                         n,
@@ -402,6 +516,7 @@ class SlaveClient:
                 self.links += 1
                 await self._receive(call, inbox, session)
             finally:
+                self._call = None
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
@@ -424,6 +539,11 @@ class SlaveClient:
                     max_offset=cl.max_offset,
                     probes=wire_probes,
                     address=self.address,
+                    group_epoch=self.group_epoch,
+                    epochs=[
+                        R.EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
+                        for e in (self.epochs.entries if self.epochs is not None else ())
+                    ],
                 )
             )
         )
@@ -444,14 +564,32 @@ class SlaveClient:
                 continue
             kind = m.WhichOneof("kind")
             if kind == "chunk":
-                data = m.chunk.data
-                session.on_chunk(m.chunk.offset, len(data), monotonic_ms())
-                end = await asyncio.to_thread(store.append_raw, m.chunk.offset, data)
+                chunk = m.chunk
+                data = chunk.data
+                session.on_chunk(chunk.offset, len(data), monotonic_ms())
+                self._note_epoch(chunk.epoch, chunk.epoch_start_offset)
+                end = await asyncio.to_thread(store.append_raw, chunk.offset, data)
                 session.on_appended(end)
+                self._note_confirm(chunk.confirm_offset, end)
             elif kind == "heartbeat":
                 session.on_heartbeat(m.heartbeat.master_max_offset, monotonic_ms())
+                self._note_confirm(m.heartbeat.confirm_offset, store.commitlog.max_offset)
             else:
                 raise ProtocolError(f"unexpected {kind} on an established link")
+
+    def _note_epoch(self, epoch: int, start_offset: int) -> None:
+        epochs = self.epochs
+        if epochs is None or epoch <= 0 or epoch == epochs.last_epoch:
+            return
+        if epoch < epochs.last_epoch:
+            raise ProtocolError(f"a chunk of epoch {epoch} after epoch {epochs.last_epoch}")
+        try:
+            epochs.append(epoch, start_offset)
+        except ValueError as e:
+            raise ProtocolError(f"chunk epoch header: {e}") from None
+
+    def _note_confirm(self, confirm_offset: int, local_end: int) -> None:
+        self.confirm_offset = max(self.confirm_offset, min(confirm_offset, local_end))
 
     async def _next(self, inbox: asyncio.Queue[Any], session: SlaveSession) -> Any | None:
         """The next message, or None when a report falls due first; raises when the link died."""

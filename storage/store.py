@@ -348,6 +348,17 @@ class MessageStore:
             self._write_manifest(force=True)
             return evidence.total
 
+    def cut_partial_tail(self, reason: str) -> int:
+        """Make a log that took replicated bytes ready for local appends: a record half-received
+        when the stream stopped is cut (kept as evidence). Returns the bytes cut; the caller must
+        have stopped raw appends."""
+        self._flush_commitlog(0)  # under sync flush, dispatch stops at the flushed offset
+        self.dispatch_now()
+        end = self.dispatcher.offset
+        if end >= self.commitlog.max_offset or self.dispatcher.error is not None:
+            return 0
+        return self.truncate_to(end, reason)
+
     # ================================================================= flush / dispatch
     def _flush_commitlog(self, least_pages: int) -> int:
         with self._flush_lock:

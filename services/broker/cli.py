@@ -79,6 +79,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="slave: copy topics, groups and offsets from the master this often (default 3000)",
     )
     p.add_argument(
+        "--failover",
+        choices=["classic", "auto"],
+        help="auto: the group elects its master through ZooKeeper (needs --zk; default classic)",
+    )
+    p.add_argument(
+        "--election-priority",
+        type=int,
+        metavar="N",
+        help="failover auto: lower wins among equally up-to-date brokers (default 0)",
+    )
+    p.add_argument(
+        "--unclean-election",
+        action="store_true",
+        default=None,
+        help="failover auto: let a broker outside the in-sync set take over (may lose messages)",
+    )
+    p.add_argument(
+        "--isr-max-lag-ms",
+        type=int,
+        metavar="N",
+        help="failover auto: a slave not caught up this long leaves the in-sync set (15000)",
+    )
+    p.add_argument(
+        "--failover-lease-ms",
+        type=int,
+        metavar="N",
+        help="failover auto: a master stops acknowledging this long after losing ZooKeeper (1000)",
+    )
+    p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
@@ -109,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         "ha_lag_report_interval_ms",
         "confirm_offset",
         "config_sync_interval_ms",
+        "failover",
+        "election_priority",
+        "unclean_election",
+        "isr_max_lag_ms",
+        "failover_lease_ms",
     )
     overrides = {k: getattr(args, k) for k in keys}
     if args.store_overrides:

@@ -72,6 +72,21 @@ class BrokerConfig:
     # often, and sends every table regardless of data versions at least every full interval.
     config_sync_interval_ms: int = 3_000
     config_full_sync_interval_ms: int = 60_000
+    # Automatic failover (docs/failover.md): "auto" elects the group's master through
+    # ZooKeeper (``role`` is then the kind of master this broker acts as when elected, and
+    # broker ids are > 0); "classic" keeps fixed roles.
+    failover: str = "classic"
+    # Election: lower wins among equally up-to-date brokers; unclean lets a broker outside the
+    # in-sync set take over when no member is live (it may lose acknowledged messages).
+    election_priority: int = 0
+    unclean_election: bool = False
+    # A slave that has not caught up for this long leaves the in-sync set.
+    isr_max_lag_ms: int = 15_000
+    # A master acknowledges writes only within this long of its last ZooKeeper round trip that
+    # confirmed its mastership; a successor waits as long before acknowledging.
+    failover_lease_ms: int = 1_000
+    # How long the best candidate gives the others to publish their final offsets.
+    election_settle_ms: int = 500
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -83,7 +98,11 @@ class BrokerConfig:
             problems.append("cluster and broker_name must be non-empty")
         if self.broker_id < 0:
             problems.append("broker_id must be >= 0")
-        if (self.broker_id == 0) == (self.role is BrokerRole.SLAVE):
+        if self.failover not in ("classic", "auto"):
+            problems.append(f"failover must be classic or auto, got {self.failover!r}")
+        elif self.automatic:
+            problems += self._failover_problems()
+        elif (self.broker_id == 0) == (self.role is BrokerRole.SLAVE):
             problems.append("broker_id 0 is the master; a SLAVE needs broker_id > 0")
         addresses = [("listen", self.listen), ("advertise", self.advertise)]
         addresses.append(("metrics_listen", self.metrics_listen))
@@ -117,6 +136,26 @@ class BrokerConfig:
             problems.append(str(e))
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
+
+    @property
+    def automatic(self) -> bool:
+        return self.failover == "auto"
+
+    def _failover_problems(self) -> list[str]:
+        problems = []
+        if not self.zk_hosts:
+            problems.append("failover auto needs ZooKeeper (zk_hosts)")
+        if self.broker_id <= 0:
+            problems.append("under failover auto broker ids are > 0 (the master registers as 0)")
+        if self.role is BrokerRole.SLAVE:
+            problems.append(
+                "under failover auto role is the kind of master a broker acts as when elected: "
+                "ASYNC_MASTER or SYNC_MASTER"
+            )
+        for name in ("isr_max_lag_ms", "failover_lease_ms", "election_settle_ms"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        return problems
 
     def _zk_problems(self) -> list[str]:
         checks: list[Callable[[], object]] = [

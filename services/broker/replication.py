@@ -24,6 +24,7 @@ _CODES = {
     RefusalKind.INCOMPATIBLE: (common_pb2.INVALID_ARGUMENT, False),
     RefusalKind.PROTOCOL: (common_pb2.INVALID_ARGUMENT, False),
     RefusalKind.NO_COMMON_HISTORY: (common_pb2.INVALID_ARGUMENT, False),
+    RefusalKind.STALE_EPOCH: (common_pb2.STALE_EPOCH, True),
 }
 
 

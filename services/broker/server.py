@@ -22,6 +22,7 @@ from protos import (
     replication_pb2_grpc,
 )
 from replication.transport import SlaveClient
+from services.broker.auto_failover import AutomaticFailover
 from services.broker.clients import ClientRegistry
 from services.broker.config import BrokerConfig, BrokerRole
 from services.broker.config_sync import ConfigSync
@@ -36,6 +37,7 @@ from services.broker.replication import (
     report_lag,
     status_proto,
 )
+from services.broker.role import RoleState
 from services.broker.servicer import BrokerServicer, broker_info, topic_protos
 from services.broker.topics import TopicManager
 from services.broker.zk_registration import ZkRegistration
@@ -65,8 +67,12 @@ class Broker:
         self.topics = TopicManager(config.store_dir)
         self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
+        self.role = RoleState.for_config(
+            config.role, config.broker_id, config.automatic, config.failover_lease_ms
+        )
+        self.failover: AutomaticFailover | None = None
         self.config_sync: ConfigSync | None = None
-        if config.role is BrokerRole.SLAVE:
+        if config.role is BrokerRole.SLAVE or config.automatic:
             # A slave's topics, groups and offsets are its master's (config sync).
             self.config_sync = ConfigSync(
                 self.topics,
@@ -76,7 +82,7 @@ class Broker:
                 config.config_full_sync_interval_ms,
                 on_topics_changed=self.rounds.request,
             )
-        else:
+        if config.role is not BrokerRole.SLAVE:
             self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
         self.clients = ClientRegistry(expiry_ms=config.client_expiry_ms)
         self.server: grpc.aio.Server | None = None
@@ -88,7 +94,9 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_port = 0
         # Built here so a broker that could never register (a bad name) fails before serving.
-        self.zk = ZkRegistration.for_broker(config, self.topics) if config.zk_hosts else None
+        self.zk = (
+            ZkRegistration.for_broker(config, self.topics, self.role) if config.zk_hosts else None
+        )
         if self.zk is not None and config.role is BrokerRole.SLAVE:
             self.zk.on_master = self._master_found
 
@@ -98,17 +106,33 @@ class Broker:
         waiters = PullWaiters(loop)
         self.store.add_dispatch_listener(waiters.notify)
         cfg = self.config
-        if cfg.role is BrokerRole.SLAVE:
+        if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
                 self.store, identity(cfg), cfg.replication(), address=cfg.advertised
             )
-        else:
+        if cfg.role is not BrokerRole.SLAVE:
             self.replication = TypedReplicationServicer(
                 self.store, identity(cfg), cfg.replication()
             )
             if cfg.confirm_offset:
                 # Pulls held back by the confirm offset look again when it moves.
                 self.replication.add_confirm_listener(lambda _offset: waiters.wake_all())
+        if cfg.automatic:
+            assert self.zk is not None  # checked with the config: auto needs ZooKeeper
+            assert self.replication is not None
+            assert self.slave is not None
+            assert self.config_sync is not None
+            zk = self.zk
+            self.failover = AutomaticFailover(
+                cfg,
+                self.store,
+                self.role,
+                self.replication,
+                self.slave,
+                self.config_sync,
+                lambda: zk.client,
+                self.rounds.request,
+            )
         if cfg.metrics_listen:
             self.metrics = BrokerMetrics(
                 cfg,
@@ -131,6 +155,9 @@ class Broker:
             groups=self.groups,
             replication=self.replication,
             replication_status=self.replication_status,
+            role=self.role,
+            confirm_cap=self._confirm_cap,
+            failover=self.failover,
         )
         # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
         # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
@@ -162,14 +189,16 @@ class Broker:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         if self.zk is not None:
             await self.zk.start()
+        if self.failover is not None:
+            self.failover.start()
         self._tasks = [
             asyncio.create_task(self._every(self.config.offset_flush_interval_ms, self._persist)),
             asyncio.create_task(self._every(10_000, self._expire_clients)),
             asyncio.create_task(self._register_loop()),
         ]
-        if self.slave is not None:
+        if self.failover is None and self.slave is not None:
             self._tasks.append(asyncio.create_task(self.slave.run()))
-        if self.config_sync is not None:
+        if self.failover is None and self.config_sync is not None:
             self._tasks.append(asyncio.create_task(self.config_sync.run()))
         if self.replication is not None:
             self._tasks.append(
@@ -197,8 +226,16 @@ class Broker:
         return status_proto(self.config, self.replication, self.slave, self.config_sync)
 
     async def _report_lag(self) -> None:
-        if self.replication is not None:
+        if self.replication is not None and self.role.is_master:
             report_lag(self.config, self.replication)
+
+    def _confirm_cap(self) -> int | None:
+        """Under confirm_offset: the highest CommitLog offset consumers of this broker see."""
+        if self.failover is not None:
+            return self.failover.confirm_cap()
+        if self.replication is not None:
+            return self.replication.confirmed_offset
+        return self.slave.confirm_offset if self.slave is not None else None
 
     async def _persist(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.offsets.persist)
@@ -223,7 +260,8 @@ class Broker:
         if self.zk is not None:
             self.zk.refresh()
         request = nameserver_pb2.RegisterBrokerRequest(
-            broker=broker_info(self.config, self.topics), topics=topic_protos(self.topics)
+            broker=broker_info(self.config, self.topics, self.role),
+            topics=topic_protos(self.topics),
         )
         await asyncio.gather(*(self._register(ns, request) for ns in self.config.nameservers))
 
@@ -247,7 +285,7 @@ class Broker:
             self.config_sync.set_master(address)
 
     async def _unregister_all(self) -> None:
-        info = broker_info(self.config, self.topics)
+        info = broker_info(self.config, self.topics, self.role)
         request = nameserver_pb2.UnregisterBrokerRequest(
             identity=info.identity, address=info.address
         )
@@ -268,6 +306,9 @@ class Broker:
         if self.servicer is not None:
             self.servicer.shutting_down = True
             self.servicer.waiters.wake_all()
+        if self.failover is not None:
+            # Before the ZooKeeper session closes: a master stops acknowledging first.
+            await self.failover.stop()
         if self.zk is not None:
             # Out of the routes before draining: new requests are refused from here on anyway.
             await self.zk.stop()

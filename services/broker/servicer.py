@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -26,6 +26,7 @@ from services.broker.groups import SubscriptionGroupManager
 from services.broker.long_polling import PullWaiters
 from services.broker.metrics import BrokerMetrics
 from services.broker.offsets import OffsetManager
+from services.broker.role import RoleState, monotonic_ms
 from services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
 from services.errors import ServiceError, abort_with, invalid, not_found, to_service_error
 from storage import MessageStore, PutStatus
@@ -70,6 +71,14 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class FailoverControl(Protocol):
+    """Automatic failover as the Broker service exposes it."""
+
+    def status(self) -> Any: ...
+
+    async def switchover(self, target_broker_id: int) -> Any: ...
+
+
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     def __init__(
         self,
@@ -84,6 +93,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         metrics: BrokerMetrics | None = None,
         replication: ReplicationServicer | None = None,
         replication_status: Callable[[], Any] | None = None,
+        role: RoleState | None = None,
+        confirm_cap: Callable[[], int | None] | None = None,
+        failover: FailoverControl | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -97,9 +109,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.replication = replication
         self.replication_status = replication_status
         self.shutting_down = False
-        self._sync_master = config.role is BrokerRole.SYNC_MASTER and replication is not None
+        self.role = role or RoleState.for_config(config.role, config.broker_id, False, 0)
         # Under confirm_offset, pulls see only what in-sync slaves hold.
-        self._confirm = replication if config.confirm_offset else None
+        self._confirm_cap = confirm_cap if config.confirm_offset else None
+        self.failover = failover
 
     # ------------------------------------------------------------------ helpers
     async def _writable_topic(self, name: str) -> TopicConfig:
@@ -138,11 +151,41 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             )
 
     def _ensure_master(self, what: str) -> None:
-        if self.config.role is BrokerRole.SLAVE:
+        if not self.role.is_master:
             raise ServiceError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 common_pb2.NOT_MASTER,
                 f"this broker is a slave; {what} on the master of its group",
+                retriable=True,
+            )
+
+    async def _ensure_acknowledging(self, request_epoch: int) -> None:
+        """Under automatic failover: refuse a send this broker could not acknowledge (it has
+        been superseded, or its lease lapsed); a new master waits out its predecessor's lease
+        (at most one lease) rather than refuse."""
+        role = self.role
+        if not role.automatic:
+            return
+        if request_epoch > role.epoch:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.STALE_EPOCH,
+                f"this broker serves epoch {role.epoch}; the route names epoch {request_epoch}",
+                retriable=True,
+            )
+        wait_ms = role.ack_from_ms - monotonic_ms()
+        if role.is_master and 0 < wait_ms <= role.lease_ms:
+            await asyncio.sleep(wait_ms / 1000)
+        self._check_lease()
+
+    def _check_lease(self) -> None:
+        if not self.role.may_acknowledge():
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.NOT_MASTER,
+                f"broker {self.config.broker_name}/{self.role.own_id} cannot acknowledge "
+                f"writes now (not the master, or its ZooKeeper lease lapsed); the group's "
+                f"master is in the routes",
                 retriable=True,
             )
 
@@ -161,6 +204,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         started = time.monotonic()
         self._ensure_running()
         self._ensure_master("send")
+        await self._ensure_acknowledging(request.epoch)
         if not request.messages:
             raise invalid("a send carries at least one message")
         if len(request.messages) > self.config.max_batch_messages:
@@ -180,7 +224,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         if repl is not None:
             repl.notify_appended()
         durable = put.durable
-        if self._sync_master and repl is not None:
+        if self.role.role is BrokerRole.SYNC_MASTER and repl is not None:
             last = put.results[-1]
             # Flush and replication run side by side; a replication failure is what the client
             # hears, as in RocketMQ (FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE over a disk one).
@@ -193,10 +237,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
                 status = flushed
         else:
             status = durable.result() if durable.done() else await asyncio.wrap_future(durable)
+        # Checked again at the answer: a lease that lapsed while the send waited for the disk
+        # or the slaves means another broker may be master by now.
+        self._check_lease()
         wire = SEND_STATUS[status]
         if self.metrics is not None:
             self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)
-        response = broker_pb2.SendMessageResponse(broker_name=self.config.broker_name)
+        response = broker_pb2.SendMessageResponse(
+            broker_name=self.config.broker_name, epoch=self.role.epoch
+        )
         add = response.results.add  # built in place: a list of SendResults would be copied
         for r, m in zip(put.results, batch, strict=True):
             add(
@@ -238,7 +287,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         while True:
             woken = self.waiters.register(topic, qid)
             try:
-                cap = self._confirm.confirmed_offset if self._confirm is not None else None
+                cap = self._confirm_cap() if self._confirm_cap is not None else None
                 got = self.store.get_messages(
                     topic, qid, request.offset, max_n, max_bytes, tags, max_commitlog_offset=cap
                 )
@@ -344,9 +393,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             memberships.append((c, subs))
         for c, subs in memberships:
             self.clients.heartbeat(request.client_id, c.group, c.mode, subs, now)
-            if self.config.role is not BrokerRole.SLAVE and self.groups.observe(
-                c.group, c.mode, subs, now
-            ):
+            if self.role.is_master and self.groups.observe(c.group, c.mode, subs, now):
                 log.info("subscription group %s: mode %d, topics %s", c.group, c.mode, list(subs))
         return broker_pb2.HeartbeatResponse()
 
@@ -419,7 +466,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         st = self.store.stats()
         return broker_pb2.GetBrokerStatusResponse(
-            broker=broker_info(self.config, self.topics),
+            broker=broker_info(self.config, self.topics, self.role),
             store=broker_pb2.StoreStatus(
                 commitlog_min_offset=st.commitlog_min_offset,
                 commitlog_max_offset=st.commitlog_max_offset,
@@ -430,7 +477,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             ),
             running=not self.shutting_down,
             replication=self.replication_status() if self.replication_status else None,
+            failover=self.failover.status() if self.failover is not None else None,
         )
+
+    @typed_errors
+    async def Switchover(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if self.failover is None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.INVALID_ARGUMENT,
+                "this broker runs classic master/slave (failover classic): no switchover",
+                retriable=False,
+            )
+        if request.broker_name and request.broker_name != self.config.broker_name:
+            raise invalid(
+                f"this broker is in group {self.config.broker_name!r}, not {request.broker_name!r}"
+            )
+        self._ensure_master("switch over")
+        return await self.failover.switchover(request.target_broker_id)
 
     @typed_errors
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -452,16 +516,17 @@ def topic_protos(topics: TopicManager) -> list[Any]:
     return [topic_proto(t) for t in topics.all()]
 
 
-def broker_info(config: BrokerConfig, topics: TopicManager) -> Any:
+def broker_info(config: BrokerConfig, topics: TopicManager, role: RoleState) -> Any:
     dv = topics.data_version
     return common_pb2.BrokerInfo(
         identity=common_pb2.BrokerIdentity(
-            cluster=config.cluster, broker_name=config.broker_name, broker_id=config.broker_id
+            cluster=config.cluster, broker_name=config.broker_name, broker_id=role.registered_id
         ),
         address=config.advertised,
         # Masters serve replication on the Broker service's own port; slaves serve none.
-        ha_address="" if config.role is BrokerRole.SLAVE else config.advertised,
-        role=common_pb2.BrokerRole.Value(config.role.value),
+        ha_address=config.advertised if role.is_master else "",
+        role=common_pb2.BrokerRole.Value(role.role.value),
+        epoch=role.epoch,
         data_version=common_pb2.DataVersion(
             state_version=dv.state_version, counter=dv.counter, timestamp_ms=dv.timestamp_ms
         ),

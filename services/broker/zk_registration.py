@@ -44,6 +44,7 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, N
 
 from protos import nameserver_pb2
 from services.broker.config import BrokerConfig
+from services.broker.role import RoleState
 from services.broker.servicer import broker_info, topic_protos
 from services.broker.topics import TopicManager
 from services.errors import ServiceError
@@ -80,11 +81,13 @@ class Synced(enum.Enum):
     UNCHANGED = "unchanged"
 
 
-def broker_registration(config: BrokerConfig, topics: TopicManager) -> BrokerRegistration:
+def broker_registration(
+    config: BrokerConfig, topics: TopicManager, role: RoleState
+) -> BrokerRegistration:
     """What the broker registers: its heartbeat's content, held to the nameserver's rules
     (``ServiceError`` when it breaks them)."""
     request = nameserver_pb2.RegisterBrokerRequest(
-        broker=broker_info(config, topics), topics=topic_protos(topics)
+        broker=broker_info(config, topics, role), topics=topic_protos(topics)
     )
     return registration_from_wire(request)
 
@@ -136,13 +139,14 @@ class ZkRegistration(KazooLoopBridge):
         self,
         hosts: str,
         session_timeout_ms: int,
-        path: str,
-        data: Callable[[], bytes],
+        node: Callable[[], tuple[str, bytes]],
     ) -> None:
         self.hosts = hosts
         self.session_timeout_ms = session_timeout_ms
-        self.path = path
-        self._data = data  # called on the loop: it reads the topic table
+        # Called on the loop: it reads the topic table and the role. The path moves when the
+        # role does (under automatic failover the master registers as id 0).
+        self._node = node
+        self.path = node()[0]
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -157,22 +161,21 @@ class ZkRegistration(KazooLoopBridge):
         self.on_master: Callable[[str, str], None] | None = None
 
     @classmethod
-    def for_broker(cls, config: BrokerConfig, topics: TopicManager) -> ZkRegistration:
-        path = zk_format.node_path(
-            config.zk_root, config.cluster, config.broker_name, config.broker_id
-        )
-        registration = cls(
-            config.zk_hosts,
-            config.zk_session_timeout_ms,
-            path,
-            lambda: zk_format.encode_registration(broker_registration(config, topics)),
-        )
+    def for_broker(
+        cls, config: BrokerConfig, topics: TopicManager, role: RoleState
+    ) -> ZkRegistration:
+        def node() -> tuple[str, bytes]:
+            path = zk_format.node_path(
+                config.zk_root, config.cluster, config.broker_name, role.registered_id
+            )
+            return path, zk_format.encode_registration(broker_registration(config, topics, role))
+
         try:
-            registration._data()
+            registration = cls(config.zk_hosts, config.zk_session_timeout_ms, node)
         except (ServiceError, zk_format.ZnodeDataError) as e:
             # Fail now, loudly, rather than run a broker no nameserver will ever route to.
             raise ConfigError(f"this broker cannot register in ZooKeeper: {e}") from None
-        if config.broker_id != 0:
+        if config.broker_id != 0 and not role.automatic:
             registration.master_path = zk_format.node_path(
                 config.zk_root, config.cluster, config.broker_name, 0
             )
@@ -252,13 +255,19 @@ class ZkRegistration(KazooLoopBridge):
             if not self._connected:
                 continue  # the next CONNECTED wakes us
             try:
-                data = self._data()
+                path, data = self._node()
             except (ServiceError, zk_format.ZnodeDataError) as e:
                 # The znode keeps the last registration that was valid; the next change retries.
                 # The message says what is wrong; a traceback would add nothing.
                 log.error("cannot update the ZooKeeper registration: %s", e)  # noqa: TRY400
                 continue
             try:
+                if path != self.path:
+                    # A role change: the old znode goes first, so no nameserver sees this
+                    # broker twice.
+                    await loop.run_in_executor(None, self._delete_own, self.path)
+                    log.info("registration moves from %s to %s", self.path, path)
+                    self.path = path
                 outcome = await loop.run_in_executor(
                     None, sync_znode, self._client, self.path, data, self._on_watch, timeout_s
                 )
@@ -318,17 +327,29 @@ class ZkRegistration(KazooLoopBridge):
         reg = zk_format.decode_registration(self.master_node, data)
         return reg.address, reg.ha_address
 
+    @property
+    def client(self) -> Any:
+        """The broker's ZooKeeper session (automatic failover shares it: one broker, one
+        session, so its registration and its leadership die together)."""
+        return self._client
+
+    def _delete_own(self, path: str) -> bool:
+        client = self._client
+        client_id = client.client_id
+        if client_id is None:
+            return False
+        stat = client.exists_async(path).get(timeout=LEAVE_TIMEOUT_S)
+        if stat is None or stat.ephemeralOwner != client_id[0]:
+            return False
+        with contextlib.suppress(NoNodeError, BadVersionError):
+            client.delete_async(path, version=stat.version).get(timeout=LEAVE_TIMEOUT_S)
+        return True
+
     def _leave(self) -> None:
         client = self._client
         try:
-            client_id = client.client_id
-            if client_id is not None:
-                stat = client.exists_async(self.path).get(timeout=LEAVE_TIMEOUT_S)
-                if stat is not None and stat.ephemeralOwner == client_id[0]:
-                    client.delete_async(self.path, version=stat.version).get(
-                        timeout=LEAVE_TIMEOUT_S
-                    )
-                    log.info("unregistered from ZooKeeper: deleted %s", self.path)
+            if self._delete_own(self.path):
+                log.info("unregistered from ZooKeeper: deleted %s", self.path)
         except ZK_ERRORS as e:
             log.warning("deleting %s failed (%s); closing the session removes it", self.path, e)
         finally:

@@ -12,6 +12,7 @@ import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
 from services.broker.config import BrokerConfig, BrokerRole
+from services.broker.role import RoleState
 from services.broker.topics import TopicConfig, TopicManager
 from services.broker.zk_registration import (
     Synced,
@@ -200,10 +201,15 @@ def config(**changes: Any) -> BrokerConfig:
     return BrokerConfig(**{"store_dir": "/nonexistent/store", "zk_hosts": "zk1:2181", **changes})
 
 
+def role_of(cfg: BrokerConfig) -> RoleState:
+    return RoleState.for_config(cfg.role, cfg.broker_id, cfg.automatic, cfg.failover_lease_ms)
+
+
 def test_the_znode_holds_the_heartbeats_content() -> None:
     topics = TopicManager("/nonexistent/store")
     topics.topics = {"orders": TopicConfig("orders", 4, 2, perm=4)}
-    reg = broker_registration(config(listen="10.0.0.1:10911", role=BrokerRole.SYNC_MASTER), topics)
+    cfg = config(listen="10.0.0.1:10911", role=BrokerRole.SYNC_MASTER)
+    reg = broker_registration(cfg, topics, role_of(cfg))
     assert (reg.cluster, reg.broker_name, reg.broker_id, reg.address, reg.role) == (
         "DefaultCluster",
         "broker-a",
@@ -220,9 +226,31 @@ def test_the_znode_holds_the_heartbeats_content() -> None:
 def test_a_broker_no_nameserver_could_route_does_not_start() -> None:
     topics = TopicManager("/nonexistent/store")
     with pytest.raises(ConfigError, match=r"cannot register in ZooKeeper.*1-127"):
-        ZkRegistration.for_broker(config(broker_name="b" * 128), topics)
-    registration = ZkRegistration.for_broker(config(zk_root="/mq", broker_id=0), topics)
+        bad = config(broker_name="b" * 128)
+        ZkRegistration.for_broker(bad, topics, role_of(bad))
+    cfg = config(zk_root="/mq", broker_id=0)
+    registration = ZkRegistration.for_broker(cfg, topics, role_of(cfg))
     assert registration.path == "/mq/clusters/DefaultCluster/broker-a/0"
+
+
+def test_under_automatic_failover_the_master_registers_as_id_0_with_its_epoch() -> None:
+    topics = TopicManager("/nonexistent/store")
+    cfg = config(failover="auto", broker_id=3, role=BrokerRole.SYNC_MASTER)
+    role = role_of(cfg)
+    registration = ZkRegistration.for_broker(cfg, topics, role)
+    assert registration.path.endswith("/broker-a/3")  # a candidate registers as a slave
+    assert broker_registration(cfg, topics, role).role == WireRole.SLAVE
+    role.promote(epoch=4, sent_ms=0, gone_seen_ms=0)
+    reg = broker_registration(cfg, topics, role)
+    assert (reg.broker_id, reg.role, reg.epoch, reg.ha_address) == (
+        0,
+        WireRole.SYNC_MASTER,
+        4,
+        cfg.advertised,
+    )
+    role.demote(epoch=5, master_id=2)
+    reg = broker_registration(cfg, topics, role)
+    assert (reg.broker_id, reg.role, reg.epoch) == (3, WireRole.SLAVE, 5)
 
 
 @pytest.mark.parametrize(

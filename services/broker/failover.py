@@ -1,0 +1,399 @@
+"""The failover agent: a broker's part in its group's automatic failover, over ZooKeeper.
+
+Every ``tick`` (a quarter of the lease) and on every watch, the agent reads the group's znodes
+(``failover_znodes``) with the broker's own ZooKeeper session and acts on what it saw; the
+decisions are ``replication.election``'s, the role change is the broker's (``FailoverHooks``).
+
+- **Master**: renews its lease with each read that finds the leader znode still its own and the
+  state still at its epoch; anything else (the session expired, a newer epoch) and it steps down
+  at once. It moves the ISR with version-checked writes: a joining slave counts for
+  acknowledgements before the write, a leaving one only stops counting after it.
+- **Others**: publish their candidate znode (last epoch, max offset, priority), follow the
+  leader the znode names, and when there is none, the best ranked live eligible broker takes
+  over in one transaction (state version check + state write + leader create), so two brokers
+  can never both win an epoch. The winner acknowledges nothing until a lease has passed since it
+  saw the old leader gone (``role.RoleState``), unless the old master handed over on purpose.
+
+ZooKeeper calls run in the loop's default executor with timeouts; a failed read is retried at
+the next tick, while the lease runs out on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kazoo.client import KazooState
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from replication.election import Candidate, GroupState, ReplicaView, isr_after, should_elect_self
+from services.broker import failover_znodes as zn
+from services.broker.role import RoleState, monotonic_ms
+from services.broker.zk_registration import ZnodeHeldElsewhereError, ZnodeRaceError, sync_znode
+from services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge
+
+log = logging.getLogger(__name__)
+
+
+class FailoverHooks(Protocol):
+    """What the agent asks of its broker."""
+
+    def position(self) -> tuple[int, int]:
+        """(newest epoch in the epoch file, CommitLog max offset)."""
+        ...
+
+    async def take_over(self, state: GroupState, sent_ms: int, gone_seen_ms: int) -> None: ...
+
+    async def step_down(self, reason: str) -> None: ...
+
+    async def follow(self, leader: zn.Leader) -> None: ...
+
+    def replica_views(self) -> dict[int, ReplicaView]: ...
+
+    def epoch_start_offset(self) -> int: ...
+
+    def set_isr(self, isr: frozenset[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class FailoverSettings:
+    priority: int
+    unclean: bool
+    isr_max_lag_ms: int
+    settle_ms: int
+    address: str  # the Broker service address, for status
+    ha_address: str  # where slaves replicate from
+
+
+@dataclass
+class GroupView:
+    state: GroupState | None
+    state_version: int
+    leader: zn.Leader | None
+    leader_owner: int
+    candidates: list[Candidate]
+
+
+class FailoverAgent(KazooLoopBridge):
+    def __init__(
+        self,
+        client: Callable[[], Any],
+        paths: zn.GroupPaths,
+        role: RoleState,
+        settings: FailoverSettings,
+        hooks: FailoverHooks,
+    ) -> None:
+        self._get_client = client
+        self.paths = paths
+        self.role = role
+        self.settings = settings
+        self.hooks = hooks
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.tick_ms = max(50, role.lease_ms // 4)
+        self.timeout_s = max(0.2, role.lease_ms / 2000)
+        self._gone_since: int | None = None  # when this broker first saw the group masterless
+        self._published: tuple[int, bytes] | None = None  # (session, candidate bytes)
+        self.view: GroupView | None = None  # the last one read, for status
+        self.waiting_reason = ""
+        self._leader_session = 0  # our session when we won, to recognise our leader znode
+        self._switching = False  # a switchover is handing the group over: no renewals
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._get_client().add_listener(self._on_session_event)
+        self._task = asyncio.create_task(self._run(), name="failover-agent")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            self._get_client().remove_listener(self._on_session_event)
+
+    def _session_changed(self, state: str) -> None:
+        if state != KazooState.CONNECTED:
+            log.warning("ZooKeeper connection %s: the master lease is not renewed", state.lower())
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.tick_ms / 1000):
+                    await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self.step()
+            except ZK_ERRORS as e:
+                log.debug("failover step: ZooKeeper unavailable (%s)", e)
+            except zn.FailoverZnodeError as e:
+                log.error("failover znode unreadable, nothing done: %s", e)  # noqa: TRY400
+            except Exception:  # a bug must not end failover for good: logged, retried
+                log.exception("failover step failed")
+
+    # -- one step ---------------------------------------------------------------------------
+
+    async def step(self) -> None:
+        loop = asyncio.get_running_loop()
+        client = self._get_client()
+        if client is None or client.client_id is None or not client.connected:
+            return
+        if not self.role.is_master:
+            await loop.run_in_executor(None, self._publish, client)
+        sent = monotonic_ms()
+        view = await loop.run_in_executor(None, self._read, client, not self.role.is_master)
+        received = monotonic_ms()
+        self.view = view
+        if self.role.is_master:
+            await self._as_master(client, view, sent)
+        else:
+            await self._as_follower(client, view, received)
+
+    def _watch(self, _event: Any) -> None:
+        self._post(self._wake.set)
+
+    def _read(self, client: Any, with_candidates: bool) -> GroupView:
+        t = self.timeout_s
+        state, version = None, -1
+        try:
+            data, stat = client.get_async(self.paths.state, watch=self._watch).get(timeout=t)
+            state, version = zn.decode_state(data), stat.version
+        except NoNodeError:
+            client.exists_async(self.paths.state, watch=self._watch).get(timeout=t)
+        leader, owner = None, 0
+        try:
+            data, stat = client.get_async(self.paths.leader, watch=self._watch).get(timeout=t)
+            leader, owner = zn.decode_leader(data), stat.ephemeralOwner
+        except NoNodeError:
+            client.exists_async(self.paths.leader, watch=self._watch).get(timeout=t)
+        candidates: list[Candidate] = []
+        if with_candidates:
+            try:
+                names = client.get_children_async(self.paths.candidates).get(timeout=t)
+            except NoNodeError:
+                names = []
+            for name in names:
+                try:
+                    data, _ = client.get_async(f"{self.paths.candidates}/{name}").get(timeout=t)
+                    candidates.append(zn.decode_candidate(name, data).candidate)
+                except NoNodeError:
+                    continue  # gone between the listing and the read
+                except zn.FailoverZnodeError as e:
+                    log.warning("ignoring a candidate: %s", e)
+        return GroupView(state, version, leader, owner, candidates)
+
+    def _publish(self, client: Any) -> None:
+        last_epoch, max_offset = self.hooks.position()
+        s = self.settings
+        data = zn.encode_candidate(
+            zn.CandidateNode(
+                Candidate(self.role.own_id, last_epoch, max_offset, s.priority), s.address
+            )
+        )
+        session = client.client_id[0]
+        if self._published == (session, data):
+            return
+        try:
+            sync_znode(
+                client, self.paths.candidate(self.role.own_id), data, self._watch, self.timeout_s
+            )
+        except (ZnodeHeldElsewhereError, ZnodeRaceError) as e:
+            log.warning("candidate znode: %s", e)
+            return
+        self._published = (session, data)
+
+    # -- master -----------------------------------------------------------------------------
+
+    async def _as_master(self, client: Any, view: GroupView, sent: int) -> None:
+        role = self.role
+        me = role.own_id
+        session = client.client_id[0]
+        why = ""
+        if view.leader is None or view.leader_owner != self._leader_session:
+            why = "its leader znode is gone (ZooKeeper session expired?)"
+        elif session != self._leader_session:
+            why = "its ZooKeeper session was replaced"
+        elif view.state is None or view.state.epoch != role.epoch or view.state.master_id != me:
+            got = view.state.epoch if view.state is not None else None
+            why = f"the group moved on to epoch {got}"
+        if why:
+            await self._step_down(f"no longer the master of epoch {role.epoch}: {why}")
+            return
+        assert view.state is not None
+        if self._switching:
+            return
+        role.renew(sent)
+        await self._maintain_isr(client, view.state, view.state_version)
+
+    async def _maintain_isr(self, client: Any, state: GroupState, version: int) -> None:
+        s = self.settings
+        isr = isr_after(
+            state,
+            self.hooks.replica_views(),
+            self.hooks.epoch_start_offset(),
+            monotonic_ms(),
+            s.isr_max_lag_ms,
+            s.isr_max_lag_ms,
+        )
+        if isr == state.isr:
+            return
+        # Joiners count for acknowledgements before the write; leavers stop after it.
+        self.hooks.set_isr(state.isr | isr)
+        new = GroupState(state.epoch, state.master_id, isr)
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._set_state, client, new, version
+            )
+        except BadVersionError:
+            return  # someone else wrote the state: the next read shows whom
+        self.hooks.set_isr(isr)
+        log.info("in-sync set of epoch %d: %s -> %s", state.epoch, sorted(state.isr), sorted(isr))
+
+    def _set_state(self, client: Any, state: GroupState, version: int) -> None:
+        client.set_async(self.paths.state, zn.encode_state(state), version=version).get(
+            timeout=self.timeout_s
+        )
+
+    async def _step_down(self, reason: str) -> None:
+        log.warning("stepping down: %s", reason)
+        self._switching = False
+        self._gone_since = None
+        await self.hooks.step_down(reason)
+
+    # -- followers --------------------------------------------------------------------------
+
+    async def _as_follower(self, client: Any, view: GroupView, received: int) -> None:
+        role = self.role
+        state, leader = view.state, view.leader
+        if leader is not None:
+            self._gone_since = None
+            self.waiting_reason = ""
+            if state is None or leader.epoch != state.epoch:
+                return  # a transaction always writes both: a torn view, read again
+            if leader.broker_id == role.own_id:
+                # Our previous process's session, not yet expired: wait for it to go.
+                self.waiting_reason = "this broker's previous session still holds the leader"
+                return
+            if (role.master_id, role.epoch) != (leader.broker_id, leader.epoch):
+                await self.hooks.follow(leader)
+            return
+        if self._gone_since is None:
+            self._gone_since = received
+            if role.master_id >= 0:
+                log.warning("the master of epoch %d is gone", role.epoch)
+            role.master_id = -1
+        s = self.settings
+        elected = should_elect_self(
+            role.own_id,
+            state,
+            view.candidates,
+            s.unclean,
+            received - self._gone_since,
+            s.settle_ms,
+        )
+        if elected is None:
+            self.waiting_reason = self._why_waiting(state, view.candidates)
+            return
+        handed_over = state is not None and state.preferred == role.own_id
+        # A handover's old master stopped acknowledging before it let go: no lease to wait out.
+        gone_seen = received - role.lease_ms if handed_over else self._gone_since
+        sent = monotonic_ms()
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._elect, client, state, view.state_version, elected.state
+            )
+        except (BadVersionError, NodeExistsError, NoNodeError) as e:
+            log.info("lost the election for epoch %d (%s)", elected.state.epoch, type(e).__name__)
+            return
+        self._leader_session = client.client_id[0]
+        self._gone_since = None
+        self.waiting_reason = ""
+        log.warning("elected master of %s at epoch %d", self.paths.base, elected.state.epoch)
+        try:
+            await self.hooks.take_over(elected.state, sent, gone_seen)
+        except Exception:
+            log.exception("taking over failed; letting go of the leadership")
+            await self.release(client)
+            await self._step_down("taking over failed")
+
+    def _why_waiting(self, state: GroupState | None, candidates: list[Candidate]) -> str:
+        if state is None:
+            return "first election pending"
+        eligible = [c.broker_id for c in candidates if c.broker_id in state.isr]
+        if not eligible and not self.settings.unclean:
+            return (
+                f"no live broker of the in-sync set {sorted(state.isr)} (epoch {state.epoch}); "
+                f"unclean election is off"
+            )
+        return f"election of epoch {state.epoch + 1} pending"
+
+    def _elect(self, client: Any, old: GroupState | None, version: int, new: GroupState) -> None:
+        t = self.timeout_s
+        leader = zn.Leader(new.master_id, new.epoch, self.settings.ha_address)
+        if old is None:
+            client.ensure_path_async(self.paths.base).get(timeout=t)
+        tx = client.transaction()
+        if old is None:
+            tx.create(self.paths.state, zn.encode_state(new))
+        else:
+            tx.set_data(self.paths.state, zn.encode_state(new), version=version)
+        tx.create(self.paths.leader, zn.encode_leader(leader), ephemeral=True)
+        results = tx.commit_async().get(timeout=t)
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            # The first real failure names the cause; the others are RolledBackError.
+            real = [r for r in failures if type(r).__name__ != "RolledBackError"]
+            raise (real or failures)[0]
+
+    async def release(self, client: Any) -> None:
+        """Delete our leader znode (a switchover, or a take-over that failed)."""
+
+        def delete() -> None:
+            with contextlib.suppress(NoNodeError):
+                client.delete_async(self.paths.leader).get(timeout=self.timeout_s)
+
+        await asyncio.get_running_loop().run_in_executor(None, delete)
+
+    # -- switchover -------------------------------------------------------------------------
+
+    async def hand_over(self, target: int) -> GroupState:
+        """Planned: the caller has stopped acknowledging writes and the target holds every
+        byte. Names the target ``preferred`` and lets go of the leader znode, in one
+        transaction at our epoch; returns the state written."""
+        client = self._get_client()
+        loop = asyncio.get_running_loop()
+        view = await loop.run_in_executor(None, self._read, client, False)
+        state = view.state
+        if state is None or state.epoch != self.role.epoch or state.master_id != self.role.own_id:
+            raise BadVersionError(f"not the master of epoch {self.role.epoch}")
+        self._switching = True
+        new = GroupState(state.epoch, state.master_id, state.isr, preferred=target)
+
+        def commit() -> None:
+            tx = client.transaction()
+            tx.set_data(self.paths.state, zn.encode_state(new), version=view.state_version)
+            tx.delete(self.paths.leader)
+            results = tx.commit_async().get(timeout=self.timeout_s)
+            failures = [r for r in results if isinstance(r, Exception)]
+            if failures:
+                raise failures[0]
+
+        try:
+            await loop.run_in_executor(None, commit)
+        except Exception:
+            self._switching = False
+            raise
+        await self._step_down(f"handed the group over to broker {target}")
+        return new
