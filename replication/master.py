@@ -12,6 +12,7 @@ sent is a protocol error, not an ack: nothing a slave says can confirm bytes it 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -189,9 +190,10 @@ class SlaveProgress:
     address: str = ""
     # Store timestamp of the last record the slave has dispatched, as it last reported.
     last_store_timestamp_ms: int = 0
-    # The master's max offset when it last sent this slave a chunk; an ack reaching it means
-    # the slave held everything there was as of that send (RocketMQ's lastMasterMaxOffset).
-    max_at_last_send: int = 0
+    # Chunks that reached the end of the master's log as it was when they were read, as
+    # (end offset, send time): an ack reaching one means the slave held everything there was
+    # at that send (RocketMQ's lastMasterMaxOffset rule).
+    catch_up_marks: deque[tuple[int, int]] = field(default_factory=deque)
     # When the slave last held everything there was (ISR membership); None: not yet.
     caught_up_ms: int | None = None
     state: LinkState = LinkState.STREAM
@@ -293,7 +295,6 @@ class MasterTracker:
         self.acked_by_broker[broker_id] = accepted.start_offset
         if accepted.start_offset >= accepted.master_max_offset:
             link.caught_up_ms = now_ms
-        link.max_at_last_send = accepted.master_max_offset
         return link
 
     def _close(self, link_id: int, reason: str) -> None:
@@ -326,10 +327,11 @@ class MasterTracker:
         else:
             p.acked_offset = max_offset
             self.acked_by_broker[p.broker_id] = max_offset
-            if max_offset >= p.max_at_last_send:
-                # Caught up now if nothing arrived since; else as of the last send.
-                current = master_max_offset is None or max_offset >= master_max_offset
-                p.caught_up_ms = now_ms if current else p.last_sent_ms
+            marks = p.catch_up_marks
+            while marks and marks[0][0] <= max_offset:
+                p.caught_up_ms = marks.popleft()[1]
+            if master_max_offset is not None and max_offset >= master_max_offset:
+                p.caught_up_ms = now_ms  # holds everything there is right now
 
     def on_protocol_error(self, link_id: int, reason: str) -> None:
         self.links[link_id].error = reason
@@ -341,7 +343,8 @@ class MasterTracker:
         assert offset == p.sent_offset, f"chunk at {offset}, expected {p.sent_offset}"
         p.sent_offset += length
         p.last_sent_ms = now_ms
-        p.max_at_last_send = max(master_max_offset, p.sent_offset)
+        if p.sent_offset >= master_max_offset:
+            p.catch_up_marks.append((p.sent_offset, now_ms))
 
     def on_heartbeat_sent(self, link_id: int, now_ms: int) -> None:
         self.links[link_id].last_sent_ms = now_ms

@@ -291,7 +291,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         commitlog = self.store.commitlog
         generation = self._generation
         while not self._closing and self._generation == generation:
-            action = tracker.next_action(link_id, commitlog.max_offset, monotonic_ms())
+            end = commitlog.max_offset
+            action = tracker.next_action(link_id, end, monotonic_ms())
             if isinstance(action, Drop):
                 log.warning("replication to %s dropped: %s", who, action.reason)
                 return
@@ -303,9 +304,8 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                     log.warning("replication to %s dropped: %s", who, e)
                     return
                 if data:
-                    tracker.on_sent(
-                        link_id, action.offset, len(data), monotonic_ms(), commitlog.max_offset
-                    )
+                    # ``end`` as when the chunk was chosen: reaching it means caught up then.
+                    tracker.on_sent(link_id, action.offset, len(data), monotonic_ms(), end)
                     yield R.MasterMessage(
                         chunk=R.Chunk(
                             offset=action.offset,
@@ -454,7 +454,14 @@ class SlaveClient:
         started = monotonic_ms()
         try:
             await self._stream(address)
-        except (grpc.aio.AioRpcError, ProtocolError, StoreError, LinkDown, TimeoutError) as e:
+        except (
+            grpc.aio.AioRpcError,
+            ProtocolError,
+            StoreError,
+            LinkDown,
+            TimeoutError,
+            asyncio.InvalidStateError,  # the call was cancelled under us: a new master
+        ) as e:
             _raise_if_cancelling()
             reason = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
             if monotonic_ms() - started < self.config.report_interval_ms or self.session is None:

@@ -31,10 +31,11 @@ from typing import Any
 import grpc
 from tenacity import (
     AsyncRetrying,
+    RetryCallState,
     retry_if_exception,
-    stop_after_attempt,
     stop_after_delay,
 )
+from tenacity.stop import stop_base
 
 from protos import broker_pb2, broker_pb2_grpc
 from tidemq._runtime import Channels, LoopThread, backoff, nameserver_addresses
@@ -625,7 +626,7 @@ class AsyncProducer:
             # RocketMQ retries on another broker group at once; tenacity backs off after that.
             timeout_s = max(0.0, min(p.deadline for p in remaining) - time.monotonic())
             attempts = AsyncRetrying(
-                stop=stop_after_attempt(self.config.retries) | stop_after_delay(timeout_s),
+                stop=_RetryBudget(self.config.retries, timeout_s),
                 wait=backoff(),
                 retry=retry_if_exception(lambda e: isinstance(e, _Retriable)),
                 reraise=True,
@@ -659,7 +660,12 @@ class AsyncProducer:
             if p.sharding_key is not None and p.queue in route.write_queues:
                 queue = p.queue
             else:
-                queue = self._select(route, p, avoid)
+                try:
+                    queue = self._select(route, p, avoid)
+                except TidemqError as e:
+                    if not e.retriable:
+                        raise
+                    raise _Retriable(e, batch) from None  # no master yet: a failover
             assert queue is not None
             chosen[key] = queue
             self._set_queue(p, queue)
@@ -718,7 +724,9 @@ class AsyncProducer:
                 retriable=False,
             )
         stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
-        request = broker_pb2.SendMessageRequest(producer_group=self.config.group)
+        # The route's epoch: a superseded master refuses it (STALE_EPOCH) instead of storing.
+        epoch = route.groups[broker].epoch if route is not None and broker in route.groups else 0
+        request = broker_pb2.SendMessageRequest(producer_group=self.config.group, epoch=epoch)
         for p in group:
             _add_to_request(request, p)
         started = time.monotonic()
@@ -745,6 +753,8 @@ class AsyncProducer:
                     broker=name,
                     topic=p.topic,
                     commitlog_offset=r.commitlog_offset,
+                    epoch=resp.epoch,
+                    broker_address=address,
                 ),
             )
         return group, None
@@ -765,6 +775,29 @@ class AsyncProducer:
         if self._unfinished <= 0:
             self._unfinished = 0
             self._idle.set()
+
+
+# Errors that mean "this group is changing masters": worth retrying until the send timeout,
+# however many attempts that takes, since the group heals itself within seconds.
+_FAILOVER_CODES = frozenset({"NOT_MASTER", "STALE_EPOCH", "ROUTE_NOT_FOUND", "UNAVAILABLE"})
+
+
+class _RetryBudget(stop_base):
+    """At most ``retries`` more attempts, within ``timeout_s`` in all; a failover in progress
+    (no master, a superseded one) is retried until the timeout alone."""
+
+    def __init__(self, retries: int, timeout_s: float) -> None:
+        self.retries = retries
+        self.timeout_s = timeout_s
+
+    def __call__(self, state: RetryCallState) -> bool:
+        elapsed = state.seconds_since_start or 0.0
+        if elapsed >= self.timeout_s:
+            return True
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES:
+            return False
+        return state.attempt_number >= self.retries
 
 
 class Producer:

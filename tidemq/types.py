@@ -38,6 +38,10 @@ class SendResult:
     broker: str  # the broker group (broker name)
     topic: str = ""
     commitlog_offset: int = 0
+    # The master epoch that acknowledged (automatic failover; 0 in classic master/slave), and
+    # the address of the broker that answered.
+    epoch: int = 0
+    broker_address: str = ""
 
     @property
     def ok(self) -> bool:

@@ -29,6 +29,7 @@ from services.broker.config_sync import ConfigSync
 from services.broker.failover import FailoverAgent, FailoverSettings
 from services.broker.failover_znodes import GroupPaths, Leader
 from services.broker.role import RoleState, monotonic_ms
+from services.broker.topics import TopicConfig, TopicManager
 from services.errors import ServiceError
 from storage import MessageStore
 
@@ -50,6 +51,7 @@ class AutomaticFailover:
         config_sync: ConfigSync,
         zk_client: Callable[[], Any],
         on_role_changed: Callable[[], object],
+        topics: TopicManager,
     ) -> None:
         self.config = config
         self.store = store
@@ -58,6 +60,7 @@ class AutomaticFailover:
         self.slave = slave
         self.config_sync = config_sync
         self.on_role_changed = on_role_changed
+        self.topics = topics
         self.epochs = EpochFile(config.store_dir)
         slave.epochs = self.epochs
         master.active = False
@@ -102,6 +105,7 @@ class AutomaticFailover:
         )
         if cut:
             log.warning("taking over: cut %d bytes of a half-received record", cut)
+        self._restore_topics()
         start = store.commitlog.max_offset
         await asyncio.to_thread(self.epochs.append, state.epoch, start)
         self._epoch_start = start
@@ -115,6 +119,23 @@ class AutomaticFailover:
             max(0, self.role.ack_from_ms - monotonic_ms()),
         )
         self.on_role_changed()
+
+    def _restore_topics(self) -> None:
+        """Topic configs travel by config sync (every few seconds), messages by replication:
+        a topic created just before the old master died may have messages here but no config.
+        Rebuilt from the queues the store holds, so its route does not vanish with the old
+        master (the queue count is the highest queue seen; an operator may widen it)."""
+        for topic, queue_ids in self.store.topics().items():
+            if self.topics.get(topic) is None:
+                n = max(queue_ids) + 1
+                with contextlib.suppress(ValueError):
+                    self.topics.upsert(TopicConfig(topic, n, n))
+                    log.warning(
+                        "topic %s had messages but no config here (created after the last "
+                        "config sync): restored with %d queues",
+                        topic,
+                        n,
+                    )
 
     async def step_down(self, reason: str) -> None:
         was_master = self.role.is_master

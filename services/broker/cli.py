@@ -49,6 +49,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="drop a replication link silent this long (default 20000)",
     )
     p.add_argument(
+        "--ha-report-interval-ms",
+        type=int,
+        metavar="N",
+        help="a slave reports its offset at least this often (default 5000)",
+    )
+    p.add_argument(
         "--ha-min-insync-replicas",
         type=int,
         metavar="N",
@@ -133,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         "metrics_listen",
         "ha_chunk_bytes",
         "ha_idle_timeout_ms",
+        "ha_report_interval_ms",
         "ha_min_insync_replicas",
         "ha_sync_timeout_ms",
         "ha_lag_report_interval_ms",

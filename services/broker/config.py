@@ -155,6 +155,10 @@ class BrokerConfig:
         for name in ("isr_max_lag_ms", "failover_lease_ms", "election_settle_ms"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
+        # An idle slave proves it is caught up with its reports; rarer ones would make it
+        # leave the in-sync set while it holds everything.
+        if self.isr_max_lag_ms < 2 * self.ha_report_interval_ms:
+            problems.append("isr_max_lag_ms must be at least twice ha_report_interval_ms")
         return problems
 
     def _zk_problems(self) -> list[str]:

@@ -132,6 +132,7 @@ class Broker:
                 self.config_sync,
                 lambda: zk.client,
                 self.rounds.request,
+                self.topics,
             )
         if cfg.metrics_listen:
             self.metrics = BrokerMetrics(

@@ -225,8 +225,8 @@ def test_the_znode_holds_the_heartbeats_content() -> None:
 
 def test_a_broker_no_nameserver_could_route_does_not_start() -> None:
     topics = TopicManager("/nonexistent/store")
+    bad = config(broker_name="b" * 128)
     with pytest.raises(ConfigError, match=r"cannot register in ZooKeeper.*1-127"):
-        bad = config(broker_name="b" * 128)
         ZkRegistration.for_broker(bad, topics, role_of(bad))
     cfg = config(zk_root="/mq", broker_id=0)
     registration = ZkRegistration.for_broker(cfg, topics, role_of(cfg))

@@ -1,0 +1,159 @@
+"""Automatic failover with real broker processes on a real ZooKeeper: a group elects its master,
+a dead or frozen master is replaced within seconds, producers follow, and nothing acknowledged
+is lost or served from diverging copies."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import tidemq
+from tests.integration.conftest import NameServerProcess, StartBroker, StartNameServer
+from tests.integration.failover import (
+    SESSION_MS,
+    Group,
+    History,
+    Producers,
+    check_history,
+)
+from tests.integration.replicas import max_offset, topic_names
+from tests.integration.zookeeper import ZooKeeperServer
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+QUEUES = 4
+
+
+@pytest.fixture
+def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
+    g = Group(start_broker, zookeeper, zk_root)
+    yield g
+    g.thaw_all()  # a frozen broker cannot obey the SIGTERM that stops it
+
+
+def three_brokers(
+    group: Group,
+    start_nameserver: StartNameServer,
+    zookeeper: ZooKeeperServer,
+    zk_root: str,
+    *flags: str,
+) -> tuple[tidemq.Admin, NameServerProcess]:
+    """Brokers 1-3 of one group, elected and all in sync, topic "orders" routed."""
+    ns = start_nameserver("--zk", zookeeper.hosts, "--zk-root", zk_root)
+    for i in (1, 2, 3):
+        group.start(i, *flags)
+    m = group.master()
+    admin = tidemq.Admin(ns.address)
+    wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
+    admin.create_topic("orders", queues=QUEUES)
+    group.wait_isr({1, 2, 3})
+    # Topic configs reach slaves with the config sync (every 3 s).
+    wait_until(
+        lambda: all("orders" in topic_names(b) for b in group.brokers.values()),
+        20,
+        "every broker to know orders",
+    )
+    assert group.failover(m).group_epoch == 1
+    return admin, ns
+
+
+def test_a_group_elects_one_master_and_replaces_it_when_it_is_killed(
+    group: Group, start_nameserver: StartNameServer, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    admin, ns = three_brokers(group, start_nameserver, zookeeper, zk_root)
+    first = group.master()
+    history = History()
+    with Producers(ns, "orders", history) as producers:
+        producers.wait_acknowledged(50)
+        killed_at = time.monotonic()
+        group.kill(first)
+        second = group.master(timeout_s=SESSION_MS / 1000 + 20, not_id=first)
+        before = len(history.acknowledged())
+        producers.wait_acknowledged(before + 50)
+    assert second != first
+    assert group.failover(second).group_epoch == 2
+    after_kill = [a for a in history.acknowledged() if a.at > killed_at]
+    assert after_kill and all(a.epoch == 2 for a in after_kill[-10:])
+    route = admin.route("orders")
+    assert route.groups[group.name].epoch == 2
+    assert route.groups[group.name].master == group.brokers[second].address
+    # The killed broker comes back as a slave of the new master and converges.
+    group.start(first)
+    assert group.master() == second
+    group.wait_isr({1, 2, 3})
+    check_history(history, group, "orders", QUEUES)
+    admin.close()
+
+
+def test_a_frozen_master_acknowledges_nothing_after_it_resumes(
+    group: Group, start_nameserver: StartNameServer, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    admin, ns = three_brokers(group, start_nameserver, zookeeper, zk_root)
+    first = group.master()
+    old_address = group.brokers[first].address
+    history = History()
+    with Producers(ns, "orders", history) as producers:
+        producers.wait_acknowledged(50)
+        group.freeze(first)
+        frozen_at = time.monotonic()
+        second = group.master(timeout_s=SESSION_MS / 1000 + 20, not_id=first)
+        producers.wait_acknowledged(len(history.acknowledged()) + 30)
+        thawed_at = time.monotonic()
+        group.thaw(first)
+        # It finds out it was replaced and follows the new master.
+        wait_until(
+            lambda: (
+                group.failover(first).role == "SLAVE" and group.failover(first).master_id == second
+            ),
+            30,
+            "the old master to follow the new one",
+        )
+        producers.wait_acknowledged(len(history.acknowledged()) + 30)
+    late = [a for a in history.acknowledged() if a.broker == old_address and a.at > thawed_at]
+    assert not late, f"the old master acknowledged {len(late)} sends after it resumed"
+    assert all(a.epoch >= 2 for a in history.acknowledged() if a.at > thawed_at + 1)
+    assert frozen_at < thawed_at
+    group.wait_isr({1, 2, 3})
+    check_history(history, group, "orders", QUEUES)
+    admin.close()
+
+
+def test_an_old_master_truncates_its_unacknowledged_tail_when_it_rejoins(
+    group: Group, start_nameserver: StartNameServer, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    """The master is left alone (its slaves killed), appends what it cannot get acknowledged,
+    and dies; with unclean election on, a slave that never saw that tail takes over. The old
+    master rejoins: it cuts the tail back to where the epoch files say the logs part, keeps it
+    as evidence, and ends up identical to the new master."""
+    admin, ns = three_brokers(group, start_nameserver, zookeeper, zk_root, "--unclean-election")
+    first = group.master()
+    others = [i for i in (1, 2, 3) if i != first]
+    with tidemq.Producer(ns.address) as producer:
+        assert producer.send("orders", "replicated").ok
+    group.wait_converged()
+    for i in others:
+        group.kill(i)
+    group.wait_isr({first})
+    with tidemq.Producer(ns.address) as producer:
+        tail = [producer.send("orders", f"tail-{n}") for n in range(5)]
+    assert {r.status for r in tail} == {tidemq.SendStatus.SLAVE_NOT_AVAILABLE}  # stored only
+    tail_end = max_offset(group.brokers[first])
+    group.kill(first)
+    for i in others:
+        group.start(i)
+    second = group.master(timeout_s=30)
+    assert second in others
+    assert max_offset(group.brokers[second]) < tail_end
+    assert group.failover(second).group_epoch == 2
+    group.start(first)
+    wait_until(lambda: group.failover(first).master_id == second, 30, "the old master to follow")
+    group.wait_converged()
+    evidence = [p for p in (group.brokers[first].store_dir / "evidence").rglob("*") if p.is_file()]
+    assert evidence, "the cut tail was not kept as evidence"
+    assert b"tail-4" in b"".join(p.read_bytes() for p in evidence)
+    with tidemq.Producer(ns.address) as producer:
+        assert producer.send("orders", "after").ok
+    admin.close()
