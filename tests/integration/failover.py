@@ -40,9 +40,11 @@ class Group:
     extra: tuple[str, ...] = ()
     brokers: dict[int, BrokerProcess] = field(default_factory=dict)
     ports: dict[int, int] = field(default_factory=dict)
+    flags: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def start(self, broker_id: int, *flags: str) -> BrokerProcess:
-        """Start (or restart, on the same store and port) broker ``broker_id``."""
+        """Start (or restart, on the same store, port and flags) broker ``broker_id``."""
+        flags = self.flags.setdefault(broker_id, flags)
         b = self.start_broker(
             "--broker-name",
             self.name,
