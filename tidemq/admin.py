@@ -27,6 +27,8 @@ from tidemq.errors import (
 from tidemq.routes import AUTO_CREATE_TOPIC, NameServerClient, TopicRoute
 
 CALL_TIMEOUT_S = 10.0
+# A switchover waits for its target to catch up (5 s) and then to take over (10 s).
+SWITCHOVER_TIMEOUT_S = 20.0
 ROUTE_WAIT_S = 10.0
 PERMS = {"r": 4, "w": 2, "rw": 6}
 ROLE_NAMES = {1: "ASYNC_MASTER", 2: "SYNC_MASTER", 3: "SLAVE"}
@@ -61,10 +63,12 @@ class AsyncAdmin:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _call(self, address: str, method: str, request: Any) -> Any:
+    async def _call(
+        self, address: str, method: str, request: Any, timeout_s: float = CALL_TIMEOUT_S
+    ) -> Any:
         stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
         try:
-            return await getattr(stub, method)(request, timeout=CALL_TIMEOUT_S)
+            return await getattr(stub, method)(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             raise from_rpc_error(e, f"broker {address}") from None
 
@@ -118,6 +122,8 @@ class AsyncAdmin:
                         "writable": st.store.writable,
                     }
                     entry["replication"] = _replication_json(st.replication)
+                    if st.failover.mode == "auto":
+                        entry["failover"] = _failover_json(st.failover)
                     entry["reachable"] = True
                 except TidemqError as e:
                     entry["reachable"] = False
@@ -131,6 +137,30 @@ class AsyncAdmin:
                 "brokers": status.brokers,
             },
             "clusters": clusters,
+        }
+
+    async def switchover(self, broker_name: str, target_broker_id: int) -> dict[str, int]:
+        """Planned handover of a group's mastership (automatic failover) to an in-sync broker:
+        the master stops acknowledging, waits until the target holds every byte, and lets it
+        take over at once. Returns the new epoch, the new master and how long sends paused."""
+        masters = await self.masters()
+        address = masters.get(broker_name)
+        if address is None:
+            raise RouteNotFoundError(
+                f"broker group {broker_name!r} has no master now", code="NOT_MASTER"
+            )
+        resp = await self._call(
+            address,
+            "Switchover",
+            broker_pb2.SwitchoverRequest(
+                broker_name=broker_name, target_broker_id=target_broker_id
+            ),
+            timeout_s=SWITCHOVER_TIMEOUT_S,
+        )
+        return {
+            "epoch": resp.epoch,
+            "master_id": resp.master_id,
+            "writes_paused_ms": resp.writes_paused_ms,
         }
 
     # ------------------------------------------------------------------ topics
@@ -346,6 +376,9 @@ class Admin:
     def route(self, topic: str) -> TopicRoute:
         return self._runner.run(self._core.route(topic))
 
+    def switchover(self, broker_name: str, target_broker_id: int) -> dict[str, int]:
+        return self._runner.run(self._core.switchover(broker_name, target_broker_id))
+
     def queue_status(self, topic: str, group: str | None = None) -> list[QueueStatus]:
         return self._runner.run(self._core.queue_status(topic, group))
 
@@ -354,6 +387,20 @@ class Admin:
 
     def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
         return self._runner.run(self._core.reset_offsets(group, topic, to))
+
+
+def _failover_json(f: Any) -> dict[str, Any]:
+    """A broker's view of its group under automatic failover."""
+    return {
+        "group_epoch": f.group_epoch,
+        "master_id": f.master_id,
+        "isr": list(f.isr),
+        "role": f.role,
+        "local_epoch": f.local_epoch,
+        "acknowledging": f.acknowledging,
+        "priority": f.priority,
+        "waiting_reason": f.waiting_reason,
+    }
 
 
 def _replication_json(rs: Any) -> dict[str, Any]:

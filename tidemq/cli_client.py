@@ -225,6 +225,35 @@ def cmd_cluster_status(args: argparse.Namespace) -> int:
             print(line)
             for detail in _replication_lines(b.get("replication")):
                 print(f"      {detail}")
+            f = b.get("failover")
+            if f is not None:
+                print(f"      {_failover_line(f)}")
+    return 0
+
+
+def _failover_line(f: dict[str, Any]) -> str:
+    master = "no master" if f["master_id"] < 0 else f"master {f['master_id']}"
+    line = (
+        f"automatic failover: group epoch {f['group_epoch']}, {master}, in sync {f['isr']}; "
+        f"this broker {f['role']} (epoch file at {f['local_epoch']}, priority {f['priority']})"
+    )
+    if f["role"] != "SLAVE" and not f["acknowledging"]:
+        line += ", NOT ACKNOWLEDGING"
+    if f["waiting_reason"]:
+        line += f"; waiting: {f['waiting_reason']}"
+    return line
+
+
+def cmd_group_switchover(args: argparse.Namespace) -> int:
+    with Admin(args.nameserver) as admin:
+        result = admin.switchover(args.group, args.to)
+    if args.json:
+        _print_json(result)
+    else:
+        print(
+            f"{args.group}: broker {result['master_id']} is master at epoch {result['epoch']} "
+            f"(sends paused {result['writes_paused_ms']} ms)"
+        )
     return 0
 
 
@@ -343,6 +372,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     st.add_argument("--json", action="store_true")
     _add_nameserver(st)
     st.set_defaults(func=cmd_cluster_status)
+
+    g = sub.add_parser("group", help="broker groups")
+    gsub = g.add_subparsers(dest="group_command", required=True)
+    so = gsub.add_parser(
+        "switchover", help="hand a group's mastership to an in-sync broker (automatic failover)"
+    )
+    so.add_argument("group", help="broker group (broker name)")
+    so.add_argument("--to", type=int, required=True, metavar="BROKER_ID", help="the new master")
+    so.add_argument("--json", action="store_true")
+    _add_nameserver(so)
+    so.set_defaults(func=cmd_group_switchover)
 
     b = sub.add_parser("bench", help="measure produce and consume rates (JSON)")
     bsub = b.add_subparsers(dest="bench_command", required=True)

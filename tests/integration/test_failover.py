@@ -4,6 +4,10 @@ is lost or served from diverging copies."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -156,4 +160,46 @@ def test_an_old_master_truncates_its_unacknowledged_tail_when_it_rejoins(
     assert b"tail-4" in b"".join(p.read_bytes() for p in evidence)
     with tidemq.Producer(ns.address) as producer:
         assert producer.send("orders", "after").ok
+    admin.close()
+
+
+def test_a_planned_switchover_hands_over_without_losing_an_acknowledged_send(
+    group: Group, start_nameserver: StartNameServer, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    admin, ns = three_brokers(group, start_nameserver, zookeeper, zk_root)
+    first = group.master()
+    target = next(i for i in (1, 2, 3) if i != first)
+    history = History()
+    with Producers(ns, "orders", history) as producers:
+        producers.wait_acknowledged(30)
+        out = subprocess.run(
+            [sys.executable, "-m", "tidemq.cli", "group", "switchover", group.name],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, "TIDEMQ_NAMESERVER": ns.address},
+        )
+        assert out.returncode == 2, out.stderr  # --to is required
+        out = subprocess.run(
+            [
+                *(sys.executable, "-m", "tidemq.cli", "group", "switchover", group.name),
+                *("--to", str(target), "--json", "--nameserver", ns.address),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        result = json.loads(out.stdout)
+        producers.wait_acknowledged(len(history.acknowledged()) + 30)
+    assert (result["master_id"], result["epoch"]) == (target, 2)
+    assert 0 < result["writes_paused_ms"] < 10_000
+    assert group.master() == target
+    # A switchover to a broker outside the in-sync set is refused, typed, and changes nothing.
+    with pytest.raises(tidemq.errors.TidemqError, match="not in the in-sync set"):
+        admin.switchover(group.name, 7)
+    assert group.master() == target
+    check_history(history, group, "orders", QUEUES)
     admin.close()
