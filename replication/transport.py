@@ -412,6 +412,7 @@ class SlaveClient:
         self.epochs: EpochFile | None = None
         self.confirm_offset = 0
         self._call: Any = None
+        self._relink = asyncio.Event()  # a new master: cut a reconnect backoff short
 
     def set_master(self, address: str, epoch: int = 0) -> None:
         """The master's HA address (and, under automatic failover, its epoch), as the registry
@@ -422,8 +423,17 @@ class SlaveClient:
         self.master_address = address
         self.group_epoch = max(self.group_epoch, epoch)
         self._address_known.set()
+        self._relink.set()
         if self._call is not None:
             self._call.cancel()
+
+    async def _backoff(self, seconds: float) -> None:
+        """tenacity's sleep between attempts; a new master ends it at once (the backoff was
+        for the old one)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._relink.wait()
+        self._relink.clear()
 
     async def run(self) -> None:
         cfg = self.config
@@ -437,6 +447,7 @@ class SlaveClient:
                     max=cfg.reconnect_max_ms / 1000,
                 ),
                 before_sleep=self._log_retry,
+                sleep=self._backoff,
             )
             # A link that was healthy for a while and then ended starts a fresh backoff.
             await retrying(self._link)

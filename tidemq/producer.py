@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 import time
 import zlib
@@ -36,6 +37,7 @@ from tenacity import (
     stop_after_delay,
 )
 from tenacity.stop import stop_base
+from tenacity.wait import wait_base
 
 from protos import broker_pb2, broker_pb2_grpc
 from tidemq._runtime import Channels, LoopThread, backoff, nameserver_addresses
@@ -513,6 +515,25 @@ class AsyncProducer:
                 return await self.routes.get(topic, allow_auto_create=True)
         raise AssertionError("unreachable: tenacity reraises")
 
+    async def _place_later(self, p: _Pending, error: TidemqError) -> None:
+        """No writable queue right now (a group changing masters): read the route again every
+        ~100 ms until a master serves the topic or the send's deadline passes."""
+        while time.monotonic() < p.deadline:
+            await asyncio.sleep(FAILOVER_POLL_S + random.uniform(0, FAILOVER_POLL_S))
+            self.routes.invalidate(p.topic)
+            try:
+                route = await self._route(p.topic)
+                self._select(route, p)
+            except TidemqError as e:
+                if not e.retriable:
+                    self._fail(p, e)
+                    return
+                error = e
+                continue
+            self._place(p, route)
+            return
+        self._fail(p, error)
+
     def _select(
         self, route: TopicRoute, p: _Pending, avoid: frozenset[str] = frozenset()
     ) -> MessageQueue:
@@ -550,7 +571,10 @@ class AsyncProducer:
         try:
             queue = self._select(route, p)
         except TidemqError as e:
-            self._fail(p, e)
+            if e.retriable and time.monotonic() < p.deadline:
+                self._spawn(self._place_later(p, e))
+            else:
+                self._fail(p, e)
             return
         self._set_queue(p, queue)
         lane = self._lanes.get(queue.broker_name)
@@ -627,7 +651,7 @@ class AsyncProducer:
             timeout_s = max(0.0, min(p.deadline for p in remaining) - time.monotonic())
             attempts = AsyncRetrying(
                 stop=_RetryBudget(self.config.retries, timeout_s),
-                wait=backoff(),
+                wait=_wait_for(backoff()),
                 retry=retry_if_exception(lambda e: isinstance(e, _Retriable)),
                 reraise=True,
             )
@@ -780,6 +804,7 @@ class AsyncProducer:
 # Errors that mean "this group is changing masters": worth retrying until the send timeout,
 # however many attempts that takes, since the group heals itself within seconds.
 _FAILOVER_CODES = frozenset({"NOT_MASTER", "STALE_EPOCH", "ROUTE_NOT_FOUND", "UNAVAILABLE"})
+FAILOVER_POLL_S = 0.05
 
 
 class _RetryBudget(stop_base):
@@ -798,6 +823,19 @@ class _RetryBudget(stop_base):
         if isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES:
             return False
         return state.attempt_number >= self.retries
+
+
+def _wait_for(other: wait_base) -> Callable[[RetryCallState], float]:
+    """A failover in progress is polled every ~100 ms (a new master is elected within a
+    second or two of the old one's session expiring); other errors back off as ``other``."""
+
+    def wait(state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES:
+            return FAILOVER_POLL_S + random.uniform(0, FAILOVER_POLL_S)
+        return float(other(state))
+
+    return wait
 
 
 class Producer:
