@@ -9,7 +9,7 @@ RUN_DIR ?= .run
 
 PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto protos/replication.proto
 
-.PHONY: venv run test lint typecheck pytest bench clean protos verify-protos system-deps
+.PHONY: venv run test lint typecheck pytest bench soak clean protos verify-protos system-deps
 
 venv: $(STAMP)
 
@@ -68,6 +68,14 @@ bench: venv
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/failover_bench.py
+
+# Automatic failover under many rounds of faults (kill, freeze, slave loss, ZooKeeper
+# restart), each checked for lost or diverging acknowledged messages; prints how many ran clean.
+SOAK_ROUNDS ?= 40
+soak: system-deps venv
+	TIDEMQ_FAULT_ROUNDS=$(SOAK_ROUNDS) $(PY) -m pytest -s \
+		tests/integration/test_fault_loop.py
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache

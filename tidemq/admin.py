@@ -327,7 +327,7 @@ class AsyncAdmin:
                 address,
                 "CommitOffset",
                 broker_pb2.CommitOffsetRequest(
-                    group=group, topic=topic, queue_id=status.queue_id, offset=offset
+                    group=group, topic=topic, queue_id=status.queue_id, offset=offset, reset=True
                 ),
             )
             out.append(

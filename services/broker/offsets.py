@@ -64,12 +64,20 @@ class OffsetManager:
     def key(topic: str, group: str) -> str:
         return f"{topic}@{group}"
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int, now_ms: int) -> None:
+    def commit(
+        self, group: str, topic: str, queue_id: int, offset: int, now_ms: int, reset: bool = False
+    ) -> int:
+        """Record a commit; returns the queue's offset after it. Only a reset moves it back."""
         key = self.key(topic, group)
         with self._lock:
-            self.table.setdefault(key, {})[queue_id] = offset
+            queues = self.table.setdefault(key, {})
+            current = queues.get(queue_id)
+            if current is not None and offset < current and not reset:
+                return current
+            queues[queue_id] = offset
             self.stamps.setdefault(key, {})[queue_id] = now_ms
             self._dirty = True
+            return offset
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.table.get(self.key(topic, group), {}).get(queue_id)

@@ -418,10 +418,15 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             raise invalid(f"offset {request.offset} is negative")
         cfg = self._topic(request.topic, for_write=False)
         self._check_queue(cfg, request.queue_id, for_write=False)
-        self.offsets.commit(
-            request.group, request.topic, request.queue_id, request.offset, _now_ms()
+        offset = self.offsets.commit(
+            request.group,
+            request.topic,
+            request.queue_id,
+            request.offset,
+            _now_ms(),
+            reset=request.reset,
         )
-        return broker_pb2.CommitOffsetResponse()
+        return broker_pb2.CommitOffsetResponse(offset=offset)
 
     @typed_errors
     async def QueryConsumerOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -57,6 +57,17 @@ def test_offsets_survive_a_restart_after_persist(tmp_path: Path) -> None:
     assert again.query("other", "orders", 0) is None
 
 
+def test_a_consumer_commit_never_moves_an_offset_back_but_a_reset_does(tmp_path: Path) -> None:
+    om = OffsetManager(str(tmp_path))
+    assert om.commit("g", "orders", 0, 42, 1000) == 42
+    # A member that lost the queue in a rebalance commits its older position late.
+    assert om.commit("g", "orders", 0, 30, 2000) == 42
+    assert om.query("g", "orders", 0) == 42
+    assert om.commit("g", "orders", 0, 50, 3000) == 50
+    assert om.commit("g", "orders", 0, 0, 4000, reset=True) == 0
+    assert om.query("g", "orders", 0) == 0
+
+
 def test_group_members_expire_and_are_sorted() -> None:
     reg = ClientRegistry(expiry_ms=1000)
     reg.heartbeat("c2", "g", 1, {"orders": "*"}, now_ms=0)
