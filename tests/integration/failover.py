@@ -186,6 +186,10 @@ class Producers:
         self.topic = topic
         self.history = history
         self._stop = threading.Event()
+        self._go = threading.Event()  # cleared: the threads hold their next send
+        self._go.set()
+        self._busy = 0
+        self._busy_lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._run, args=(f"p{i}",), daemon=True) for i in range(n)
         ]
@@ -196,8 +200,18 @@ class Producers:
             t.start()
         return self
 
+    def pause(self) -> None:
+        """Hold every thread before its next send, and wait until none has one in flight."""
+        with self._busy_lock:
+            self._go.clear()
+        wait_until(lambda: self._busy == 0, 30, "the producers' sends in flight to end")
+
+    def resume(self) -> None:
+        self._go.set()
+
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._go.set()
         for t in self._threads:
             t.join(60)
         assert not any(t.is_alive() for t in self._threads), "a producer thread hung"
@@ -206,6 +220,12 @@ class Producers:
         i = 0
         with tidemq.Producer(self.nameserver.address, send_timeout_ms=5000) as producer:
             while not self._stop.is_set():
+                with self._busy_lock:
+                    going = self._go.is_set()
+                    self._busy += going
+                if not going:
+                    self._go.wait(0.1)
+                    continue
                 body = f"{key}:{i}"
                 try:
                     r = producer.send(self.topic, body, sharding_key=key)
@@ -228,6 +248,9 @@ class Producers:
                             time.monotonic(),
                         )
                     )
+                finally:
+                    with self._busy_lock:
+                        self._busy -= 1
                 i += 1
 
     def wait_acknowledged(self, more_than: int, timeout_s: float = 60) -> None:
