@@ -18,7 +18,10 @@ from typing import Any
 
 
 def register(spark: Any) -> None:
-    """Make ``format("tidemq")`` known to ``spark`` (registration is per SparkSession)."""
+    """Make ``format("tidemq")`` and ``format("tidemq_segments")`` known to ``spark``
+    (registration is per SparkSession)."""
+    from pipeline.jobs.segment_source import SegmentDataSource
     from pipeline.source import TidemqDataSource
 
     spark.dataSource.register(TidemqDataSource)
+    spark.dataSource.register(SegmentDataSource)
