@@ -30,10 +30,11 @@ READ_OPTIONS: Final = frozenset(
         "pullbatchsize",
         "pullmaxbytes",
         "pulltimeoutms",
-        "path",  # Spark adds it for load(path)
     }
 )
-WRITE_OPTIONS: Final = frozenset({"nameserver", "topic", "batchmaxmessages", "lingerms", "path"})
+WRITE_OPTIONS: Final = frozenset({"nameserver", "topic", "batchmaxmessages", "lingerms"})
+# Set by Spark itself (load(path), writeStream's checkpoint), not by the user for us.
+SPARK_OPTIONS: Final = frozenset({"path", "checkpointlocation"})
 
 
 class OptionError(ValueError):
@@ -130,9 +131,9 @@ class WriteOptions:
 
 
 def _reject_unknown(opts: Mapping[str, str], known: frozenset[str]) -> None:
-    unknown = sorted(set(opts) - known)
+    unknown = sorted(set(opts) - known - SPARK_OPTIONS)
     if unknown:
-        raise OptionError(f"unknown option(s) {unknown}; known: {sorted(known - {'path'})}")
+        raise OptionError(f"unknown option(s) {unknown}; known: {sorted(known)}")
 
 
 def _nameserver(opts: Mapping[str, str]) -> str:
