@@ -62,12 +62,14 @@ system-deps:
 			-o DPkg::Lock::Timeout=300 zookeeper; \
 	fi
 
-# Prints JSON lines: the project's store, services and replication figures and, measured in the
-# same run, the perfkit ceilings (mmap append; gRPC batch, unary and streaming).
+# Prints JSON lines: the project's store, services, replication and Spark pipeline figures and,
+# measured in the same run, their ceilings (perfkit's mmap append and gRPC cases; tidemq bench
+# consume and a sequential file read for the pipeline).
 bench: venv
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/pipeline_bench.py
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache

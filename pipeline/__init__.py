@@ -20,8 +20,9 @@ from typing import Any
 def register(spark: Any) -> None:
     """Make ``format("tidemq")`` and ``format("tidemq_segments")`` known to ``spark``
     (registration is per SparkSession)."""
-    from pipeline.jobs.segment_source import SegmentDataSource
-    from pipeline.source import TidemqDataSource
+    # Imported here: `import pipeline` (the CLI lists the jobs' arguments) must not need pyspark.
+    from pipeline.jobs.segment_source import SegmentDataSource  # noqa: PLC0415
+    from pipeline.source import TidemqDataSource  # noqa: PLC0415
 
     spark.dataSource.register(TidemqDataSource)
     spark.dataSource.register(SegmentDataSource)

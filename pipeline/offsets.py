@@ -118,15 +118,13 @@ def resolve(
         groups = by_topic_groups.get(topic)
         if groups is None:
             raise OffsetSpecError(f"{name} names topic {topic!r}, which is not being read")
-        for (group, qid), off in entries.items():
-            if group is None:
-                if len(groups) != 1:
-                    raise OffsetSpecError(
-                        f"{name}: topic {topic!r} is served by broker groups {sorted(groups)}; "
-                        f'name the group: {{"{topic}": {{"<group>": {{"{qid}": {off}}}}}}}'
-                    )
-                group = next(iter(groups))
-            key = QueueKey(topic, group, qid)
+        for (named, qid), off in entries.items():
+            if named is None and len(groups) != 1:
+                raise OffsetSpecError(
+                    f"{name}: topic {topic!r} is served by broker groups {sorted(groups)}; "
+                    f'name the group: {{"{topic}": {{"<group>": {{"{qid}": {off}}}}}}}'
+                )
+            key = QueueKey(topic, named if named is not None else next(iter(groups)), qid)
             if key not in queues:
                 raise OffsetSpecError(f"{name} names queue {key}, which the topic does not have")
             explicit[key] = off

@@ -15,7 +15,6 @@ again.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,8 +38,8 @@ from pyspark.sql.types import (
 
 from pipeline.options import OptionError, WriteOptions
 from pipeline.schema import SHARDING_KEY_PROPERTY
-from tidemq.producer import Producer
-from tidemq.types import SendResult, SendStatus
+from tidemq.producer import Producer, SendFuture
+from tidemq.types import SendStatus
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ def check_write_schema(schema: StructType, options: WriteOptions) -> None:
 
 
 @dataclass(frozen=True)
-class SentMessages(WriterCommitMessage):  # type: ignore[misc]  # pyspark is untyped
+class SentMessages(WriterCommitMessage):
     partition_id: int
     attempt: int
     sent: int
@@ -138,7 +137,7 @@ def send_all(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> SentMe
     ctx = TaskContext.get()
     partition_id = ctx.partitionId() if ctx is not None else 0
     attempt = ctx.attemptNumber() if ctx is not None else 0
-    futures: list[concurrent.futures.Future[SendResult]] = []
+    futures: list[SendFuture] = []
     with Producer(
         options.nameserver,
         batch_max_messages=options.batch_max_messages,
@@ -154,9 +153,7 @@ def send_all(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> SentMe
     return SentMessages(partition_id, attempt, len(futures), not_ok)
 
 
-def _raise_first_failure(
-    futures: list[concurrent.futures.Future[SendResult]], *, wait: bool
-) -> None:
+def _raise_first_failure(futures: list[SendFuture], *, wait: bool) -> None:
     for f in futures:
         if wait or f.done():
             error = f.exception()
@@ -164,15 +161,19 @@ def _raise_first_failure(
                 raise error
 
 
-def _log_commit(messages: list[SentMessages | None], what: str) -> None:
-    done = [m for m in messages if m is not None]
+def _sent(messages: list[WriterCommitMessage | None]) -> list[SentMessages]:
+    return [m for m in messages if isinstance(m, SentMessages)]
+
+
+def _log_commit(messages: list[WriterCommitMessage | None], what: str) -> None:
+    done = _sent(messages)
     not_ok = sum(m.not_ok for m in done)
     log.info("%s: %d messages sent by %d tasks", what, sum(m.sent for m in done), len(done))
     if not_ok:
         log.warning("%s: %d messages stored with less durability than asked for", what, not_ok)
 
 
-class TidemqBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class TidemqBatchWriter(DataSourceArrowWriter):
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
@@ -180,16 +181,16 @@ class TidemqBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SentMessages:
         return send_all(self.options, iterator)
 
-    def commit(self, messages: list[SentMessages | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit(messages, "batch write")
 
-    def abort(self, messages: list[SentMessages | None]) -> None:
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         # What was sent stays sent: a topic has no transaction to roll back.
-        done = sum(m.sent for m in messages if m is not None)
+        done = sum(m.sent for m in _sent(messages))
         log.warning("batch write failed; %d messages of finished tasks were already sent", done)
 
 
-class TidemqStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class TidemqStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
@@ -197,9 +198,9 @@ class TidemqStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SentMessages:
         return send_all(self.options, iterator)
 
-    def commit(self, messages: list[SentMessages | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_commit(messages, f"micro-batch {batchId}")
 
-    def abort(self, messages: list[SentMessages | None], batchId: int) -> None:  # noqa: N803
-        done = sum(m.sent for m in messages if m is not None)
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        done = sum(m.sent for m in _sent(messages))
         log.warning("micro-batch %d failed; %d messages were already sent", batchId, done)

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class QueueRange(InputPartition):  # type: ignore[misc]  # pyspark is untyped
+class QueueRange(InputPartition):
     """One Spark partition: offsets [start, end) of one queue."""
 
     key: QueueKey
@@ -118,7 +118,7 @@ class _Planner:
         return {"options": self.options, "_table": None}
 
 
-class TidemqBatchReader(DataSourceReader):  # type: ignore[misc]
+class TidemqBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
 
@@ -137,11 +137,12 @@ class TidemqBatchReader(DataSourceReader):  # type: ignore[misc]
                 )
         return _ranges(start, end, new_queues=False)
 
-    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, QueueRange)
         return read_range(self.options, partition)
 
 
-class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Offsets per queue (``pipeline.offsets``), kept only in Spark's checkpoint.
 
     ``commit`` is not needed: the checkpoint is the truth, and nothing on the brokers records
@@ -181,14 +182,15 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
     def partitions(self, start: Offsets, end: Offsets) -> list[QueueRange]:
         return _ranges(from_json_dict(start), from_json_dict(end), new_queues=True)
 
-    def read(self, partition: QueueRange) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, QueueRange)
         return read_range(self.options, partition)
 
     def stop(self) -> None:
         self._planner.close()
 
 
-class TidemqDataSource(DataSource):  # type: ignore[misc]
+class TidemqDataSource(DataSource):
     """``format("tidemq")``: options in ``pipeline.options``, rows in ``pipeline.schema``."""
 
     @classmethod

@@ -16,7 +16,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,7 +141,7 @@ class AsyncQueueReader:
         fail_on_data_loss: bool = True,
         max_messages: int = MAX_PULL_MESSAGES,
         max_bytes: int = 4 << 20,
-    ) -> AsyncIterator[list[ReceivedMessage]]:
+    ) -> AsyncGenerator[list[ReceivedMessage], None]:
         """Every message of ``mq`` with ``start <= queue_offset < end`` (those matching
         ``tags``), in batches, in offset order.
 
@@ -269,7 +269,7 @@ class QueueReader:
         try:
             while True:
                 try:
-                    yield self._runner.run(anext(batches))
+                    yield self._runner.run(batches.__anext__())
                 except StopAsyncIteration:
                     return
         finally:

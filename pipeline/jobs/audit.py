@@ -22,17 +22,18 @@ from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+from pyspark.sql import functions as F
 
 from pipeline.jobs import add_audit_arguments
 from pipeline.jobs.segments import find_segments
 from pipeline.session import get_session
 
-
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"  # with the session time zone's offset
 
 
-def audit(spark: SparkSession, paths: Sequence[str], out_dir: str, split_bytes: int) -> dict[str, Any]:
+def audit(
+    spark: SparkSession, paths: Sequence[str], out_dir: str, split_bytes: int
+) -> dict[str, Any]:
     segments = find_segments(paths)
     scan: DataFrame = (
         spark.read.format("tidemq_segments")

@@ -85,7 +85,9 @@ def _record_json(seg: Segment, phy_offset: int) -> dict[str, Any] | None:
     return None if rec is None else {**dataclasses.asdict(rec), "keys": list(rec.keys)}
 
 
-def compare(spark: SparkSession, master_dir: str, slave_dir: str, split_bytes: int) -> dict[str, Any]:
+def compare(
+    spark: SparkSession, master_dir: str, slave_dir: str, split_bytes: int
+) -> dict[str, Any]:
     masters = {s.base_offset: s for s in _segments(master_dir)}
     slaves = _segments(slave_dir)
     sc = spark.sparkContext
@@ -123,7 +125,8 @@ def compare(spark: SparkSession, master_dir: str, slave_dir: str, split_bytes: i
             for start in range(0, length, split_bytes)
         ]
     found = missing + [
-        d for d in sc.parallelize(chunks, max(1, len(chunks))).map(first_difference).collect()
+        d
+        for d in sc.parallelize(chunks, max(1, len(chunks))).map(first_difference).collect()
         if d is not None
     ]
     divergence = min(found) if found else None

@@ -53,7 +53,7 @@ _ARROW: Final = to_arrow_schema(SCHEMA, timezone="UTC")
 
 
 @dataclass(frozen=True)
-class SplitPartition(InputPartition):  # type: ignore[misc]  # pyspark is untyped
+class SplitPartition(InputPartition):
     split: Split
 
 
@@ -93,7 +93,7 @@ def read_split(split: Split) -> Iterator[pa.RecordBatch]:
         yield to_record_batch(rows)
 
 
-class SegmentReader(DataSourceReader):  # type: ignore[misc]
+class SegmentReader(DataSourceReader):
     def __init__(self, paths: list[str], split_bytes: int) -> None:
         self.paths = paths
         self.split_bytes = split_bytes
@@ -101,7 +101,8 @@ class SegmentReader(DataSourceReader):  # type: ignore[misc]
     def partitions(self) -> list[SplitPartition]:
         return [SplitPartition(s) for s in splits(find_segments(self.paths), self.split_bytes)]
 
-    def read(self, partition: SplitPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, SplitPartition)
         return read_split(partition.split)
 
 
@@ -116,7 +117,7 @@ def parse_paths(options: dict[str, str]) -> list[str]:
     return paths
 
 
-class SegmentDataSource(DataSource):  # type: ignore[misc]
+class SegmentDataSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "tidemq_segments"

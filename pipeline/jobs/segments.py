@@ -146,7 +146,9 @@ def _scanned(seg: Segment, buf: mmap.mmap, pos: int, info: RecordInfo) -> Scanne
     sys_flag = info.sys_flag
     hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
     fields = hdr.unpack_from(buf, pos)
-    keys = tuple(k for k in info.keys.decode("utf-8", "replace").split(" ") if k) if info.keys else ()
+    keys = (
+        tuple(k for k in info.keys.decode("utf-8", "replace").split(" ") if k) if info.keys else ()
+    )
     return ScannedRecord(
         file=seg.path,
         file_offset=pos,

@@ -12,6 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyspark.sql import SparkSession
+
+from pipeline.session import get_session
 
 # The integration fixtures: real processes, stopped by PID, logs printed when a test failed.
 from tests.integration.conftest import (  # noqa: F401 - fixtures and the report hook
@@ -19,10 +22,6 @@ from tests.integration.conftest import (  # noqa: F401 - fixtures and the report
     start_broker,
     start_nameserver,
 )
-
-from pyspark.sql import SparkSession
-
-from pipeline.session import get_session
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, Row, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 import tidemq
 from tests.integration.conftest import (
@@ -56,8 +56,14 @@ def _start_cluster(
 ) -> Cluster:
     ns = start_nameserver()
     port = free_port()
-    flags = ("--nameserver", ns.address, "--broker-name", "broker-a", "--auto-create-topics")
-    flags += extra
+    flags = (
+        "--nameserver",
+        ns.address,
+        "--broker-name",
+        "broker-a",
+        "--auto-create-topics",
+        *extra,
+    )
     broker = start_broker(*flags, store="broker-a", port=port)
     _wait_routed(ns.address)
     return Cluster(ns, broker, start_broker, port, flags)
@@ -98,7 +104,9 @@ def read(spark: SparkSession, nameserver: str, topic: str, **options: str) -> Da
     return reader.load()
 
 
-def test_batch_read_returns_exactly_what_was_produced(spark: SparkSession, cluster: Cluster) -> None:
+def test_batch_read_returns_exactly_what_was_produced(
+    spark: SparkSession, cluster: Cluster
+) -> None:
     sent = produce(cluster.address, "orders", 200)
     df = read(spark, cluster.address, "orders")
     rows = df.collect()
@@ -171,9 +179,7 @@ def test_stream_restarted_across_a_broker_restart_yields_every_message_once(
     spark: SparkSession, cluster: Cluster, out_dir: Path
 ) -> None:
     produce(cluster.address, "events", 100)
-    first = _stream_to_parquet(
-        spark, cluster.address, "events", out_dir, maxOffsetsPerTrigger="40"
-    )
+    first = _stream_to_parquet(spark, cluster.address, "events", out_dir, maxOffsetsPerTrigger="40")
     # 25 per queue, at most 40 per batch spread over the 4 queues.
     assert _rows_per_batch(first) == [40, 40, 20]
 
@@ -199,9 +205,7 @@ def test_fail_on_data_loss_both_ways_after_retention(
         delete_when_hours=list(range(24)),
         clean_resource_interval_ms=200,
     )
-    cluster = _start_cluster(
-        start_nameserver, start_broker, "--store-overrides", json.dumps(store)
-    )
+    cluster = _start_cluster(start_nameserver, start_broker, "--store-overrides", json.dumps(store))
     produce(cluster.address, "old", 400, queues=2)  # ~50 KiB: several CommitLog files
 
     def start_deleted() -> bool:
@@ -228,11 +232,12 @@ def test_fail_on_data_loss_both_ways_after_retention(
 def _consume(nameserver: str, topic: str, expected: int) -> list[tidemq.ReceivedMessage]:
     got: list[tidemq.ReceivedMessage] = []
     with tidemq.Consumer(nameserver, group="check", topic=topic, start_from="first") as c:
-        wait_until(
-            lambda: bool(got.extend(c.poll(256, 0.5))) or len(got) >= expected,
-            60,
-            f"{expected} messages in {topic}",
-        )
+
+        def polled_all() -> bool:
+            got.extend(c.poll(256, 0.5))
+            return len(got) >= expected
+
+        wait_until(polled_all, 60, f"{expected} messages in {topic}")
     return got
 
 
@@ -250,9 +255,9 @@ def test_batch_write_lands_in_the_topic_with_tags_keys_and_properties(
         for i in range(60)
     ]
     df = spark.createDataFrame(rows).repartition(3)
-    df.write.format("tidemq").option("nameserver", cluster.address).option(
-        "topic", "written"
-    ).mode("append").save()
+    df.write.format("tidemq").option("nameserver", cluster.address).option("topic", "written").mode(
+        "append"
+    ).save()
 
     got = _consume(cluster.address, "written", 60)
     assert sorted(m.body.decode() for m in got) == sorted(f"v{i}" for i in range(60))
@@ -300,9 +305,7 @@ def test_refused_send_fails_the_task_with_the_brokers_error(
     spark: SparkSession, start_nameserver: StartNameServer, start_broker: StartBroker
 ) -> None:
     store = {**json.loads(SMALL_STORE), "max_message_body_bytes": 1024}
-    cluster = _start_cluster(
-        start_nameserver, start_broker, "--store-overrides", json.dumps(store)
-    )
+    cluster = _start_cluster(start_nameserver, start_broker, "--store-overrides", json.dumps(store))
     df = spark.createDataFrame([Row(value=b"x" * n) for n in (10, 2048, 10)]).coalesce(1)
     write: Callable[[], Any] = (
         df.write.format("tidemq")

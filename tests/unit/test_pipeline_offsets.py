@@ -66,14 +66,20 @@ def test_bad_offsets_are_refused_with_the_reason(text: str, ending: bool, messag
 def test_queue_ids_alone_are_ambiguous_when_a_topic_spans_groups() -> None:
     queues = {**QUEUES, QueueKey("orders", "broker-b", 0): QueueBounds(0, 1)}
     with pytest.raises(OffsetSpecError, match="name the group"):
-        resolve(parse_spec('{"orders": {"0": 1}}', EARLIEST, name="s"), queues, name="s", ending=False)
+        resolve(
+            parse_spec('{"orders": {"0": 1}}', EARLIEST, name="s"), queues, name="s", ending=False
+        )
 
 
 def test_checkpoint_json_is_canonical_whatever_the_order() -> None:
     keys = [QueueKey("b", "g", 10), QueueKey("a", "g", 2), QueueKey("b", "g", 9)]
     one = to_json_dict({k: i for i, k in enumerate(keys)})
     two = to_json_dict({k: i for i, k in reversed(list(enumerate(keys)))})
-    assert json.dumps(one) == json.dumps(two) == '{"a": {"g": {"2": 1}}, "b": {"g": {"9": 2, "10": 0}}}'
+    assert (
+        json.dumps(one)
+        == json.dumps(two)
+        == '{"a": {"g": {"2": 1}}, "b": {"g": {"9": 2, "10": 0}}}'
+    )
     assert from_json_dict(json.loads(json.dumps(one))) == {k: i for i, k in enumerate(keys)}
 
 
@@ -97,7 +103,10 @@ def test_options_are_validated_once_with_their_names() -> None:
         True,
     )
     assert opts.starting.default == LATEST
-    assert ReadOptions.parse({"nameserver": "h:1", "topic": "a"}, streaming=False).starting.default == EARLIEST
+    assert (
+        ReadOptions.parse({"nameserver": "h:1", "topic": "a"}, streaming=False).starting.default
+        == EARLIEST
+    )
     for bad, message in [
         ({"nameserver": "h:1"}, '"topic" is required'),
         ({"nameserver": "h:1", "topic": "a", "failOnDataLoss": "maybe"}, "true or false"),
