@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from tidemq.routes import MessageQueue
+
 EARLIEST: Final = -2
 LATEST: Final = -1
 
@@ -30,16 +32,6 @@ Offsets = dict[str, dict[str, dict[str, int]]]
 
 class OffsetSpecError(ValueError):
     """startingOffsets / endingOffsets that cannot apply to the topics' queues."""
-
-
-@dataclass(frozen=True, order=True)
-class QueueKey:
-    topic: str
-    broker: str
-    queue_id: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}@{self.broker}#{self.queue_id}"
 
 
 @dataclass(frozen=True)
@@ -104,16 +96,16 @@ def _offset(raw: Any, name: str) -> int:
 
 
 def resolve(
-    spec: OffsetSpec, queues: Mapping[QueueKey, QueueBounds], *, name: str, ending: bool
-) -> dict[QueueKey, int]:
+    spec: OffsetSpec, queues: Mapping[MessageQueue, QueueBounds], *, name: str, ending: bool
+) -> dict[MessageQueue, int]:
     """Concrete offsets for every queue in ``queues``, checked against each queue's range.
 
     A starting offset below the queue's minimum is kept (the read reports the data loss); one
     past its end, or an ending offset outside the range, is an error. -2 is not an end."""
     by_topic_groups: dict[str, set[str]] = {}
     for q in queues:
-        by_topic_groups.setdefault(q.topic, set()).add(q.broker)
-    explicit: dict[QueueKey, int] = {}
+        by_topic_groups.setdefault(q.topic, set()).add(q.broker_name)
+    explicit: dict[MessageQueue, int] = {}
     for topic, entries in spec.topics.items():
         groups = by_topic_groups.get(topic)
         if groups is None:
@@ -124,11 +116,11 @@ def resolve(
                     f"{name}: topic {topic!r} is served by broker groups {sorted(groups)}; "
                     f'name the group: {{"{topic}": {{"<group>": {{"{qid}": {off}}}}}}}'
                 )
-            key = QueueKey(topic, named if named is not None else next(iter(groups)), qid)
+            key = MessageQueue(topic, named if named is not None else next(iter(groups)), qid)
             if key not in queues:
                 raise OffsetSpecError(f"{name} names queue {key}, which the topic does not have")
             explicit[key] = off
-    out: dict[QueueKey, int] = {}
+    out: dict[MessageQueue, int] = {}
     for key, bounds in queues.items():
         off = explicit.get(key, spec.default)
         if off == EARLIEST:
@@ -149,17 +141,19 @@ def resolve(
     return out
 
 
-def to_json_dict(offsets: Mapping[QueueKey, int]) -> Offsets:
+def to_json_dict(offsets: Mapping[MessageQueue, int]) -> Offsets:
     """The canonical checkpoint form (see the module docstring)."""
     out: Offsets = {}
     for key in sorted(offsets):
-        out.setdefault(key.topic, {}).setdefault(key.broker, {})[str(key.queue_id)] = offsets[key]
+        out.setdefault(key.topic, {}).setdefault(key.broker_name, {})[str(key.queue_id)] = offsets[
+            key
+        ]
     return out
 
 
-def from_json_dict(raw: Mapping[str, Any]) -> dict[QueueKey, int]:
+def from_json_dict(raw: Mapping[str, Any]) -> dict[MessageQueue, int]:
     return {
-        QueueKey(topic, broker, int(qid)): int(off)
+        MessageQueue(topic, broker, int(qid)): int(off)
         for topic, groups in raw.items()
         for broker, queues in groups.items()
         for qid, off in queues.items()
@@ -167,8 +161,8 @@ def from_json_dict(raw: Mapping[str, Any]) -> dict[QueueKey, int]:
 
 
 def limit_rows(
-    start: Mapping[QueueKey, int], latest: Mapping[QueueKey, int], max_rows: int
-) -> dict[QueueKey, int]:
+    start: Mapping[MessageQueue, int], latest: Mapping[MessageQueue, int], max_rows: int
+) -> dict[MessageQueue, int]:
     """End offsets taking at most ``max_rows`` messages in all, spread over the queues in
     proportion to their backlog (Spark's Kafka source does the same with partitions).
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.offsets import QueueBounds, QueueKey
+from pipeline.offsets import QueueBounds
 from tidemq.admin import Admin
 from tidemq.errors import TidemqError
+from tidemq.routes import MessageQueue
 
 
 class QueueTable:
@@ -18,8 +19,8 @@ class QueueTable:
         self.topics = tuple(topics)
         self._admin = Admin(nameserver)
 
-    def bounds(self) -> dict[QueueKey, QueueBounds]:
-        out: dict[QueueKey, QueueBounds] = {}
+    def bounds(self) -> dict[MessageQueue, QueueBounds]:
+        out: dict[MessageQueue, QueueBounds] = {}
         for topic in self.topics:
             try:
                 statuses = self._admin.queue_status(topic)
@@ -30,7 +31,9 @@ class QueueTable:
                     retriable=e.retriable,
                 ) from e
             for s in statuses:
-                out[QueueKey(topic, s.broker, s.queue_id)] = QueueBounds(s.min_offset, s.max_offset)
+                out[MessageQueue(topic, s.broker, s.queue_id)] = QueueBounds(
+                    s.min_offset, s.max_offset
+                )
         return dict(sorted(out.items()))
 
     def close(self) -> None:

@@ -173,7 +173,9 @@ def _log_commit(messages: list[WriterCommitMessage | None], what: str) -> None:
         log.warning("%s: %d messages stored with less durability than asked for", what, not_ok)
 
 
-class TidemqBatchWriter(DataSourceArrowWriter):
+class _RowSender:
+    """``write()`` of both writers: runs on executors, one ``Producer`` per task."""
+
     def __init__(self, options: WriteOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
@@ -181,6 +183,8 @@ class TidemqBatchWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SentMessages:
         return send_all(self.options, iterator)
 
+
+class TidemqBatchWriter(_RowSender, DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         _log_commit(messages, "batch write")
 
@@ -190,14 +194,7 @@ class TidemqBatchWriter(DataSourceArrowWriter):
         log.warning("batch write failed; %d messages of finished tasks were already sent", done)
 
 
-class TidemqStreamWriter(DataSourceStreamArrowWriter):
-    def __init__(self, options: WriteOptions, schema: StructType) -> None:
-        self.options = options
-        self.schema = schema
-
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SentMessages:
-        return send_all(self.options, iterator)
-
+class TidemqStreamWriter(_RowSender, DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         _log_commit(messages, f"micro-batch {batchId}")
 

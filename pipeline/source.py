@@ -38,7 +38,6 @@ from pyspark.sql.types import StructType
 from pipeline.offsets import (
     Offsets,
     QueueBounds,
-    QueueKey,
     from_json_dict,
     limit_rows,
     resolve,
@@ -58,7 +57,7 @@ log = logging.getLogger(__name__)
 class QueueRange(InputPartition):
     """One Spark partition: offsets [start, end) of one queue."""
 
-    key: QueueKey
+    key: MessageQueue
     start: int
     end: int
     # A queue that appeared while a stream ran starts at 0; what retention already deleted of
@@ -68,10 +67,9 @@ class QueueRange(InputPartition):
 
 def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatch]:
     """The messages of one partition as Arrow batches (runs on an executor)."""
-    mq = MessageQueue(part.key.topic, part.key.broker, part.key.queue_id)
     with QueueReader(options.nameserver, retry_timeout_ms=options.pull_timeout_ms) as reader:
         for batch in reader.read_range(
-            mq,
+            part.key,
             part.start,
             part.end,
             tags=options.tags,
@@ -83,7 +81,7 @@ def read_range(options: ReadOptions, part: QueueRange) -> Iterator[pa.RecordBatc
 
 
 def _ranges(
-    start: dict[QueueKey, int], end: dict[QueueKey, int], *, new_queues: bool
+    start: dict[MessageQueue, int], end: dict[MessageQueue, int], *, new_queues: bool
 ) -> list[QueueRange]:
     out = []
     for key in sorted(end):
@@ -106,7 +104,7 @@ class _Planner:
             self._table = QueueTable(self.options.nameserver, self.options.topics)
         return self._table
 
-    def bounds(self) -> dict[QueueKey, QueueBounds]:
+    def bounds(self) -> dict[MessageQueue, QueueBounds]:
         return self.table().bounds()
 
     def close(self) -> None:
@@ -151,7 +149,7 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
         self._planner = _Planner(options)
-        self._available_now: dict[QueueKey, int] | None = None
+        self._available_now: dict[MessageQueue, int] | None = None
 
     def initialOffset(self) -> Offsets:
         bounds = self._planner.bounds()
@@ -165,7 +163,7 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now = self._latest()
 
-    def _latest(self) -> dict[QueueKey, int]:
+    def _latest(self) -> dict[MessageQueue, int]:
         return {k: b.max_offset for k, b in self._planner.bounds().items()}
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:

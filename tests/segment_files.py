@@ -8,6 +8,7 @@ returns its CommitLog directory plus what was appended, record by record.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,32 @@ def copy_segments(src: Path, dst: Path) -> Path:
     """An archive copy, as an operator would take it."""
     shutil.copytree(src, dst)
     return dst
+
+
+def segment_path(directory: Path, phy_offset: int) -> tuple[Path, int]:
+    """The segment file of ``directory`` holding ``phy_offset``, and the position in it."""
+    base = phy_offset - phy_offset % FILE_SIZE
+    return directory / f"{base:020d}", phy_offset - base
+
+
+@dataclass(frozen=True)
+class Damaged:
+    archive: Path  # a copy of the store's segments, one byte of ``victim`` flipped
+    appended: list[Appended]
+    victim: Appended
+    file: Path
+    file_offset: int  # of the victim in ``file``
+
+
+def damaged_archive(tmp: Path, victim: int, byte_at: Callable[[Appended], int]) -> Damaged:
+    """Segments written by the store, copied, and message ``victim``'s byte
+    ``byte_at(victim)`` (counted from the record's start) flipped in the copy."""
+    commitlog, appended = write_segments(tmp / "store")
+    archive = copy_segments(commitlog, tmp / "archive")
+    hit = appended[victim]
+    path, at = segment_path(archive, hit.phy_offset)
+    flip_byte(path, at + byte_at(hit))
+    return Damaged(archive, appended, hit, path, at)
 
 
 def flip_byte(path: Path, at: int) -> None:

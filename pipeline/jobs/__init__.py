@@ -8,6 +8,7 @@ in a module that does not import pyspark, so the ``tidemq`` CLI can list them wi
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable, Sequence
 
 DEFAULT_SPLIT_MB = 64
 
@@ -23,6 +24,18 @@ def add_common_arguments(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SPLIT_MB,
         help=f"MiB of a segment file per Spark task (default {DEFAULT_SPLIT_MB})",
     )
+
+
+def job_main(
+    argv: Sequence[str] | None,
+    doc: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+) -> int:
+    """A job's ``main`` under spark-submit: its arguments, then ``run``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n", maxsplit=1)[0])
+    add_arguments(p)
+    return run(p.parse_args(argv))
 
 
 def add_audit_arguments(p: argparse.ArgumentParser) -> None:

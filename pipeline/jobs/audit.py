@@ -24,7 +24,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import add_audit_arguments
+from pipeline.jobs import add_audit_arguments, job_main
 from pipeline.jobs.segments import find_segments
 from pipeline.session import get_session
 
@@ -109,9 +109,7 @@ def run(args: argparse.Namespace, default_master: str | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="audit", description=__doc__.split("\n\n")[0])
-    add_audit_arguments(p)
-    return run(p.parse_args(argv))
+    return job_main(argv, __doc__ or "", add_audit_arguments, run)
 
 
 if __name__ == "__main__":

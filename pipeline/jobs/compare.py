@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from pyspark.sql import SparkSession
 
-from pipeline.jobs import add_compare_arguments
+from pipeline.jobs import add_compare_arguments, job_main
 from pipeline.jobs.segments import SEGMENT_NAME, Segment, data_end, record_at, segment_of
 from pipeline.session import get_session
 
@@ -159,9 +159,7 @@ def run(args: argparse.Namespace, default_master: str | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="compare", description=__doc__.split("\n\n")[0])
-    add_compare_arguments(p)
-    return run(p.parse_args(argv))
+    return job_main(argv, __doc__ or "", add_compare_arguments, run)
 
 
 if __name__ == "__main__":

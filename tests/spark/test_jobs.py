@@ -11,7 +11,13 @@ from pyspark.sql import SparkSession
 
 from pipeline.jobs.audit import audit
 from pipeline.jobs.compare import compare
-from tests.segment_files import FILE_SIZE, copy_segments, flip_byte, write_segments
+from tests.segment_files import (
+    FILE_SIZE,
+    damaged_archive,
+    flip_byte,
+    segment_path,
+    write_segments,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -19,12 +25,8 @@ pytestmark = pytest.mark.spark
 def test_audit_reports_records_topics_and_a_planted_corruption(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    commitlog, appended = write_segments(tmp_path / "store")
-    archive = copy_segments(commitlog, tmp_path / "archive")
-    victim = appended[200]
-    base = victim.phy_offset - victim.phy_offset % FILE_SIZE
-    damaged = archive / f"{base:020d}"
-    flip_byte(damaged, victim.phy_offset - base + 95)  # inside the body
+    d = damaged_archive(tmp_path, 200, lambda _: 95)  # inside the body
+    archive, appended, victim, damaged, at = d.archive, d.appended, d.victim, d.file, d.file_offset
     out = tmp_path / "audit"
 
     # Splits smaller than a file: tasks start mid-file and must find their first record.
@@ -34,7 +36,7 @@ def test_audit_reports_records_topics_and_a_planted_corruption(
     assert summary["corrupt"] == [
         {
             "file": str(damaged),
-            "file_offset": victim.phy_offset - base,
+            "file_offset": at,
             "phy_offset": victim.phy_offset,
             "bytes": victim.size,
             "problem": "record CRC mismatch",
@@ -81,8 +83,8 @@ def test_compare_finds_a_prefix_and_then_a_planted_divergence(
     assert report["slave_end_offset"] == cut
 
     victim = appended[120]
-    base = victim.phy_offset - victim.phy_offset % FILE_SIZE
-    flip_byte(slave / f"{base:020d}", victim.phy_offset - base + 22)  # its QUEUEOFFSET
+    path, at = segment_path(slave, victim.phy_offset)
+    flip_byte(path, at + 22)  # its QUEUEOFFSET
     report = compare(spark, str(master), str(slave), split_bytes=4096)
 
     assert report["slave_is_prefix"] is False

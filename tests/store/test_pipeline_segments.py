@@ -15,7 +15,11 @@ from pipeline.jobs.segments import (
     scan_split,
     splits,
 )
-from tests.segment_files import FILE_SIZE, copy_segments, flip_byte, write_segments
+from tests.segment_files import (
+    FILE_SIZE,
+    damaged_archive,
+    write_segments,
+)
 
 pytestmark = pytest.mark.store
 
@@ -42,13 +46,9 @@ def test_every_record_is_found_once_whatever_the_split_size(tmp_path: Path) -> N
 def test_damage_is_reported_at_its_file_and_offset_and_the_walk_goes_on(
     tmp_path: Path, where: str
 ) -> None:
-    commitlog, appended = write_segments(tmp_path / "store")
-    archive = copy_segments(commitlog, tmp_path / "archive")
-    victim = appended[150]
-    file_base = victim.phy_offset - victim.phy_offset % FILE_SIZE
-    path = archive / f"{file_base:020d}"
-    at = victim.phy_offset - file_base
-    flip_byte(path, at + {"body": 100, "size field": 2, "topic": victim.size - 30}[where])
+    offsets = {"body": lambda _: 100, "size field": lambda _: 2, "topic": lambda v: v.size - 30}
+    d = damaged_archive(tmp_path, 150, offsets[where])
+    archive, appended, victim, path, at = d.archive, d.appended, d.victim, d.file, d.file_offset
 
     for split_bytes in (FILE_SIZE, 700):
         got = _scan_all([str(archive)], split_bytes)

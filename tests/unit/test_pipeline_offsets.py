@@ -11,7 +11,6 @@ from pipeline.offsets import (
     LATEST,
     OffsetSpecError,
     QueueBounds,
-    QueueKey,
     from_json_dict,
     limit_rows,
     parse_spec,
@@ -19,10 +18,11 @@ from pipeline.offsets import (
     to_json_dict,
 )
 from pipeline.options import OptionError, ReadOptions, WriteOptions
+from tidemq.routes import MessageQueue
 
 pytestmark = pytest.mark.unit
 
-A0, A1 = QueueKey("orders", "broker-a", 0), QueueKey("orders", "broker-a", 1)
+A0, A1 = MessageQueue("orders", "broker-a", 0), MessageQueue("orders", "broker-a", 1)
 QUEUES = {A0: QueueBounds(5, 50), A1: QueueBounds(0, 10)}
 
 
@@ -64,7 +64,7 @@ def test_bad_offsets_are_refused_with_the_reason(text: str, ending: bool, messag
 
 
 def test_queue_ids_alone_are_ambiguous_when_a_topic_spans_groups() -> None:
-    queues = {**QUEUES, QueueKey("orders", "broker-b", 0): QueueBounds(0, 1)}
+    queues = {**QUEUES, MessageQueue("orders", "broker-b", 0): QueueBounds(0, 1)}
     with pytest.raises(OffsetSpecError, match="name the group"):
         resolve(
             parse_spec('{"orders": {"0": 1}}', EARLIEST, name="s"), queues, name="s", ending=False
@@ -72,7 +72,7 @@ def test_queue_ids_alone_are_ambiguous_when_a_topic_spans_groups() -> None:
 
 
 def test_checkpoint_json_is_canonical_whatever_the_order() -> None:
-    keys = [QueueKey("b", "g", 10), QueueKey("a", "g", 2), QueueKey("b", "g", 9)]
+    keys = [MessageQueue("b", "g", 10), MessageQueue("a", "g", 2), MessageQueue("b", "g", 9)]
     one = to_json_dict({k: i for i, k in enumerate(keys)})
     two = to_json_dict({k: i for i, k in reversed(list(enumerate(keys)))})
     assert (
@@ -87,7 +87,7 @@ def test_max_rows_spread_over_queues_in_proportion_to_their_backlog() -> None:
     start = {A0: 0, A1: 0}
     assert limit_rows(start, {A0: 30, A1: 10}, 20) == {A0: 15, A1: 5}
     assert limit_rows(start, {A0: 30, A1: 10}, 100) == {A0: 30, A1: 10}
-    ends = limit_rows(start, {A0: 1, A1: 1, QueueKey("x", "g", 0): 1}, 2)
+    ends = limit_rows(start, {A0: 1, A1: 1, MessageQueue("x", "g", 0): 1}, 2)
     assert sum(ends.values()) == 2  # remainders go to single queues, never over the limit
     # A queue absent from the start (new) counts from 0.
     assert limit_rows({A0: 10}, {A0: 20, A1: 10}, 10) == {A0: 15, A1: 5}
