@@ -26,7 +26,7 @@ class QueueTable:
                 statuses = self._admin.queue_status(topic)
             except TidemqError as e:
                 raise TidemqError(
-                    f"cannot read the queues of topic {topic!r}: {e}",
+                    f"cannot read the queues of topic {topic!r}: {e.args[0]}",
                     code=e.code,
                     retriable=e.retriable,
                 ) from e

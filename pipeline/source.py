@@ -217,8 +217,8 @@ class TidemqDataSource(DataSource):
         return TidemqBatchWriter(options, schema)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        # Every output mode appends: in "complete" mode each trigger sends the whole result
-        # table again, as Spark's Kafka sink does.
+        # Spark offers Python sinks "append" and "complete"; in "complete" mode each trigger
+        # sends the whole result table again, as Spark's Kafka sink does.
         options = WriteOptions.parse(self.options)
         check_write_schema(schema, options)
         return TidemqStreamWriter(options, schema)
