@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
 
 # The main job: a local cluster (nameserver + broker on loopback, embedded registry) until
@@ -48,27 +48,33 @@ verify-protos: venv
 test: system-deps lint typecheck verify-protos pytest
 
 # The integration tests start a real ZooKeeper from Debian's `zookeeper` package (jars only: it
-# starts no service). Installed here when missing, so `make test` works on a fresh machine; the
-# lock timeout waits out another apt run instead of failing on its dpkg lock.
+# starts no service), and the Spark tests a JVM (Java 17+). Installed here when missing, so
+# `make test` works on a fresh machine; the lock timeout waits out another apt run instead of
+# failing on its dpkg lock.
 ZK_JAR := /usr/share/java/zookeeper.jar
 system-deps:
-	@if [ ! -e $(ZK_JAR) ]; then \
+	@missing=""; \
+	[ -e $(ZK_JAR) ] || missing=" zookeeper"; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" != 0 ]; then \
-			echo "ZooKeeper is missing: run 'sudo apt-get install zookeeper' (Debian/Ubuntu)"; exit 1; \
+			echo "missing:$$missing; run 'sudo apt-get install$$missing' (Debian/Ubuntu)"; exit 1; \
 		fi; \
-		echo "installing Debian's zookeeper package (for the integration tests)"; \
+		echo "installing Debian's$$missing (for the integration and Spark tests)"; \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			-o DPkg::Lock::Timeout=300 zookeeper; \
+			-o DPkg::Lock::Timeout=300 $$missing; \
 	fi
 
-# Prints JSON lines: the project's store, services and replication figures and, measured in the
-# same run, the perfkit ceilings (mmap append; gRPC batch, unary and streaming).
+# Prints JSON lines: the project's store, services, replication and Spark pipeline figures and,
+# measured in the same run, their ceilings (perfkit's mmap append and gRPC cases; tidemq bench
+# consume and a sequential file read for the pipeline).
 bench: venv
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/failover_bench.py
+	$(PY) bench/pipeline_bench.py
 
 # Automatic failover under many rounds of faults (kill, freeze, slave loss, ZooKeeper
 # restart), each checked for lost or diverging acknowledged messages; prints how many ran clean.

@@ -20,6 +20,7 @@ from tidemq.admin import Admin, AsyncAdmin, QueueStatus
 from tidemq.consumer import AsyncConsumer, Consumer, ConsumerConfig
 from tidemq.errors import TidemqError
 from tidemq.producer import AsyncProducer, Producer, ProducerConfig
+from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
 from tidemq.routes import MessageQueue
 from tidemq.types import Message, ReceivedMessage, SendResult, SendStatus
 
@@ -30,12 +31,16 @@ __all__ = [
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncQueueReader",
     "Consumer",
     "ConsumerConfig",
     "Message",
     "MessageQueue",
     "Producer",
     "ProducerConfig",
+    "PullResult",
+    "PullStatus",
+    "QueueReader",
     "QueueStatus",
     "ReceivedMessage",
     "SendResult",

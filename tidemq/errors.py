@@ -91,6 +91,10 @@ class CorruptDataError(TidemqError):
     """The broker found damaged data while serving; an operator must look."""
 
 
+class DataLossError(TidemqError):
+    """Messages a reader asked for are gone: retention deleted them, or a broker lost its tail."""
+
+
 class RequestTimeoutError(TidemqError):
     """No answer within the deadline. The request may or may not have taken effect."""
 
