@@ -13,18 +13,19 @@ File format (``epochs`` in the store root), text, written whole each time::
     <CRC-32 (zlib.crc32) of the entry lines, decimal>\\n
     <epoch>-<start offset>\\n          one line per entry, oldest first
 
-The previous content moves to ``epochs.bak`` before the new one is written (to a temporary
-file, fsynced, then renamed into place), so a crash at any point leaves one whole list; a
+Written like every small store file (``storage.atomic_file``: a temporary file, fsynced, renamed
+into place, the previous version kept as ``epochs.bak``), so a crash leaves one whole list; a
 reader falls back to the backup when the main file is missing, torn or fails its CRC.
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from storage.atomic_file import write_atomic
 
 FILE_NAME = "epochs"
 BACKUP_SUFFIX = ".bak"
@@ -207,21 +208,4 @@ class EpochFile:
             self._write()
 
     def _write(self) -> None:
-        data = encode(self.log.entries)
-        if self.path.exists():
-            os.replace(self.path, self.backup)
-        tmp = self.path.with_name(FILE_NAME + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        write_atomic(str(self.path), encode(self.log.entries))

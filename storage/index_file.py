@@ -48,6 +48,7 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
+from storage.atomic_file import fsync_dir
 from storage.errors import ConfigError, CorruptStoreError, DiskFullError, StoreClosedError
 from storage.javahash import index_key_hash
 
@@ -73,14 +74,6 @@ def index_file_size(slot_num: int, max_index_num: int) -> int:
         # Entry 0 is never used, so a file needs room for at least one more.
         raise ConfigError(f"index layout needs 1 <= slots and 2 <= entries <= {_INT32_MAX}")
     return HEADER_SIZE + slot_num * SLOT_SIZE + max_index_num * ENTRY_SIZE
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class IndexFile:
@@ -131,7 +124,7 @@ class IndexFile:
             raise
         os.close(fd)
         os.rename(tmp, path)
-        _fsync_dir(os.path.dirname(path) or ".")
+        fsync_dir(os.path.dirname(path) or ".")
         return cls(path, mm, slot_num, max_index_num)
 
     @classmethod

@@ -20,9 +20,13 @@ from typing import Any
 import grpc
 
 import tidemq
-from protos import broker_pb2
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
-from tests.integration.replicas import commitlog, max_offset, status
+from tests.integration.conftest import (
+    BrokerProcess,
+    NameServerProcess,
+    StartBroker,
+    StartNameServer,
+)
+from tests.integration.replicas import commitlog, max_offset, pull_queue, status, topic_names
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 
@@ -76,6 +80,27 @@ class Group:
         self.ports[broker_id] = int(b.address.rsplit(":", 1)[1])
         self.brokers[broker_id] = b
         return b
+
+    def routed(
+        self, start_nameserver: StartNameServer, topic: str, queues: int, *flags: str
+    ) -> NameServerProcess:
+        """A nameserver on this group's ZooKeeper and brokers 1-3 (with ``flags``), elected,
+        all in sync, every one knowing ``topic``."""
+        ns = start_nameserver("--zk", self.zk.hosts, "--zk-root", self.root)
+        for i in (1, 2, 3):
+            self.start(i, *flags)
+        self.master()
+        with tidemq.Admin(ns.address) as admin:
+            wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
+            admin.create_topic(topic, queues=queues)
+        self.wait_isr({1, 2, 3})
+        # Topic configs reach slaves with the config sync (every 3 s).
+        wait_until(
+            lambda: all(topic in topic_names(b) for b in self.brokers.values()),
+            20,
+            f"every broker to know {topic}",
+        )
+        return ns
 
     def live(self) -> dict[int, BrokerProcess]:
         return {i: b for i, b in self.brokers.items() if b.proc.poll() is None}
@@ -267,23 +292,7 @@ class Producers:
 
 def consume_everything(b: BrokerProcess, topic: str, queues: int) -> dict[int, list[str]]:
     """Every message body in every queue of ``topic`` on broker ``b``, in queue order."""
-    out: dict[int, list[str]] = {}
-    for q in range(queues):
-        bodies: list[str] = []
-        offset = 0
-        while True:
-            r = b.stub().PullMessage(
-                broker_pb2.PullMessageRequest(
-                    group="checker", topic=topic, queue_id=q, offset=offset, max_messages=512
-                ),
-                timeout=10,
-            )
-            if not r.messages:
-                break
-            bodies += [m.body.decode() for m in r.messages]
-            offset = r.next_offset
-        out[q] = bodies
-    return out
+    return {q: [body.decode() for _, body in pull_queue(b, q, topic)] for q in range(queues)}
 
 
 def check_history(history: History, group: Group, topic: str, queues: int) -> None:

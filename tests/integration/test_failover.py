@@ -22,7 +22,7 @@ from tests.integration.failover import (
     Producers,
     check_history,
 )
-from tests.integration.replicas import max_offset, topic_names
+from tests.integration.replicas import max_offset
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 
@@ -45,23 +45,10 @@ def three_brokers(
     zk_root: str,
     *flags: str,
 ) -> tuple[tidemq.Admin, NameServerProcess]:
-    """Brokers 1-3 of one group, elected and all in sync, topic "orders" routed."""
-    ns = start_nameserver("--zk", zookeeper.hosts, "--zk-root", zk_root)
-    for i in (1, 2, 3):
-        group.start(i, *flags)
-    m = group.master()
-    admin = tidemq.Admin(ns.address)
-    wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
-    admin.create_topic("orders", queues=QUEUES)
-    group.wait_isr({1, 2, 3})
-    # Topic configs reach slaves with the config sync (every 3 s).
-    wait_until(
-        lambda: all("orders" in topic_names(b) for b in group.brokers.values()),
-        20,
-        "every broker to know orders",
-    )
-    assert group.failover(m).group_epoch == 1
-    return admin, ns
+    """Brokers 1-3 of one group, elected at epoch 1 and all in sync, topic "orders" routed."""
+    ns = group.routed(start_nameserver, "orders", QUEUES, *flags)
+    assert group.failover(group.master()).group_epoch == 1
+    return tidemq.Admin(ns.address), ns
 
 
 def test_a_group_elects_one_master_and_replaces_it_when_it_is_killed(

@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import tidemq
-from tests.integration.conftest import NameServerProcess, StartBroker, StartNameServer
+from tests.integration.conftest import StartBroker, StartNameServer
 from tests.integration.failover import SESSION_MS, Group, History, Producers, check_history
-from tests.integration.replicas import topic_names
 from tests.integration.zookeeper import StartZooKeeper, ZooKeeperServer
 from tests.waiting import wait_until
 
@@ -106,28 +105,11 @@ def group(start_broker: StartBroker, zk: ZooKeeperServer) -> Iterator[Group]:
     g.thaw_all()
 
 
-def routed(start_nameserver: StartNameServer, group: Group) -> NameServerProcess:
-    ns = start_nameserver("--zk", group.zk.hosts, "--zk-root", ROOT)
-    for i in (1, 2, 3):
-        group.start(i)
-    group.master()
-    with tidemq.Admin(ns.address) as admin:
-        wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
-        admin.create_topic("orders", queues=QUEUES)
-    group.wait_isr({1, 2, 3})
-    wait_until(
-        lambda: all("orders" in topic_names(b) for b in group.brokers.values()),
-        20,
-        "every broker to know orders",
-    )
-    return ns
-
-
 @pytest.mark.timeout(60 + 90 * ROUNDS)
 def test_fault_loop_loses_nothing_acknowledged(
     group: Group, start_nameserver: StartNameServer
 ) -> None:
-    ns = routed(start_nameserver, group)
+    ns = group.routed(start_nameserver, "orders", QUEUES)
     history = History()
     consumer = ConsumerThread(ns.address)
     consumer.start()
