@@ -42,6 +42,8 @@ default_ulimits = ["nofile=${nofile}:${nofile}", "nproc=${nproc}:${nproc}"]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
+[network]
+network_backend = "netavark"
 CONF
   mv "$CONTAINERS_CONF.tmp" "$CONTAINERS_CONF"
 }

@@ -5,7 +5,9 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
-PACKAGES=(podman runc iptables debootstrap uidmap)
+# netavark and aardvark-dns are only recommended by podman, but containers find each other by
+# name on a user-defined network through them (CNI without the dnsname plugin does not).
+PACKAGES=(podman runc netavark aardvark-dns iptables debootstrap uidmap curl)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -64,7 +64,7 @@ class Launch:
     probe_address: str | None  # HOST:PORT of the health service, for servers
 
 
-def _options(command: str) -> dict[str, argparse.Action]:
+def options_of(command: str) -> dict[str, argparse.Action]:
     """The command's flags by their long name (``--broker-name``)."""
     parser = cli.build_parser()
     for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
@@ -165,7 +165,7 @@ def plan(argv: Sequence[str], env: Mapping[str, str], hostname: str) -> Launch:
     if not argv or argv[0] not in SERVERS:
         return Launch(list(argv), None)
     command, args = argv[0], _split_equals(argv[1:])
-    options = _options(command)
+    options = options_of(command)
     args += _from_env(options, args, env)
     config: dict[str, object] = {}
     if command == "broker":

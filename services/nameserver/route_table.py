@@ -228,6 +228,23 @@ class RouteTable:
         self._live[reg.address] = _Live(reg, now_ms)
         return self._master_of(group)
 
+    def serve_reads_from_slave(self, reg: BrokerRegistration) -> None:
+        """Queue data from a registered slave's topics, for a group that has no master.
+
+        The embedded table keeps what the departed master registered; a table rebuilt from a
+        snapshot (the ZooKeeper registry) has only the slaves' copies of the master's topics
+        (config sync), and without them consumers could not read from the slaves. A group with a
+        master, or a registration that is not the registered slave, is left alone.
+        """
+        group = self._groups.get(reg.broker_name)
+        if (
+            group is None
+            or MASTER_ID in group.members
+            or group.members.get(reg.broker_id) != reg.address
+        ):
+            return
+        self._set_queue_data(group, reg.topics)
+
     def unregister(self, cluster: str, broker_name: str, broker_id: int, address: str) -> bool:
         """Remove a broker that is shutting down; False when no such broker is registered.
 

@@ -159,6 +159,11 @@ def build_route_table(znodes: Iterable[BrokerZnode]) -> tuple[RouteTable, dict[s
                 reg.broker_id,
             ):
                 problems[znode.path] = f"address {reg.address} is claimed by a newer znode"
+    # A group whose master's znode is gone keeps serving reads from its slaves, as the embedded
+    # registry does: the lowest id's topics, applied last, win.
+    for znode, reg in sorted(accepted, key=lambda a: -a[1].broker_id):
+        if znode.path not in problems:
+            table.serve_reads_from_slave(reg)
     return table, problems
 
 

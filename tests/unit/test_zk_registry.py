@@ -93,6 +93,21 @@ def test_routes_and_last_update_times_come_from_the_znodes() -> None:
     assert [b.last_update_ms for b in cluster.brokers] == [5_000, 6_000, 1_000]
 
 
+def test_a_group_without_its_master_serves_reads_from_its_slaves_copies_of_the_topics() -> None:
+    # The master's znode expired; its slaves copied its topics (config sync) into theirs.
+    table, problems = build_route_table(
+        [
+            znode("10.0.0.3:10911", 2, czxid=1, topics=("orders", "stale")),
+            znode("10.0.0.2:10911", 1, czxid=2, topics=("orders",)),
+            znode("10.0.0.4:10911", name="broker-b", czxid=3, topics=("pay",)),
+            znode("10.0.0.5:10911", 1, name="broker-b", czxid=4, topics=("ignored",)),
+        ]
+    )
+    assert problems == {}
+    assert addresses(table, "orders") == {"broker-a": {1: "10.0.0.2:10911", 2: "10.0.0.3:10911"}}
+    assert table.topics() == ["orders", "pay"]  # the lowest slave's copy; masters' topics win
+
+
 ZNODES = [
     znode("10.0.0.1:10911", czxid=10),
     znode("10.0.0.2:10911", 1, czxid=11, epoch=2),  # follows a master of epoch 2
