@@ -17,16 +17,10 @@ TOPIC = "orders"
 
 
 def create_topic(cluster: TidemqCluster, queues: int = 4) -> None:
-    """The topic on every master, and (copied by config sync) on every slave."""
+    """The topic on every master and, once config sync copied it, on every slave."""
     with cluster.admin() as admin:
         admin.create_topic(TOPIC, queues=queues)
-
-        def everywhere() -> bool:
-            brokers = admin.cluster_status()["clusters"][0]["brokers"]
-            expected = len(cluster.brokers())
-            return len(brokers) == expected and all(b["topics"] >= 1 for b in brokers)
-
-        wait_until(everywhere, 30, f"{TOPIC} on every broker")
+    cluster.wait_synced(30)
 
 
 def broker_status(cluster: TidemqCluster, name: str) -> dict[str, Any]:
@@ -110,7 +104,14 @@ def test_paused_slave_sends_are_stored_with_degraded_status_and_the_slave_catche
     cluster = make_cluster(
         master_role="SYNC_MASTER",
         slaves=1,
-        broker_config={"ha_sync_timeout_ms": 1000, "ha_idle_timeout_ms": 3000},
+        broker_config={
+            "ha_sync_timeout_ms": 1000,
+            # The master drops a silent slave's link after 3 s (reports and heartbeats must
+            # come at least twice as often).
+            "ha_idle_timeout_ms": 3000,
+            "ha_report_interval_ms": 1000,
+            "ha_heartbeat_interval_ms": 1000,
+        },
     )
     create_topic(cluster, queues=1)
     slave = cluster.slaves()[0]

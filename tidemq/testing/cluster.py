@@ -12,6 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import docker.errors
 import grpc
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
@@ -65,6 +66,20 @@ def _toml_value(value: Any) -> str:
 def broker_toml(config: Mapping[str, Any]) -> str:
     """A broker.toml of ``BrokerConfig`` keys (services/broker/config.py)."""
     return "".join(f"{key} = {_toml_value(value)}\n" for key, value in config.items())
+
+
+def _start(container: DockerContainer, attempts: int = 3) -> None:
+    """Create and start ``container``, again if the engine fails a call on the way: podman 4.3's
+    API now and then breaks a copy into a new container ("write |1: broken pipe")."""
+    for attempt in range(1, attempts + 1):
+        try:
+            container.start()
+        except docker.errors.APIError:
+            container.stop(force=True, delete_volume=True)
+            if attempt == attempts:
+                raise
+        else:
+            return
 
 
 def group_names(count: int) -> list[str]:
@@ -195,7 +210,7 @@ class TidemqCluster:
             container.with_copy_into_container(broker_toml, "/etc/tidemq/broker.toml")
         node = Node(name, kind, container, self.network)
         self.nodes[name] = node
-        container.start()
+        _start(container)
         return node
 
     def close(self) -> None:
@@ -305,6 +320,36 @@ class TidemqCluster:
                 return False
 
         wait_for(routed, timeout_s, f"the nameservers to route {sorted(wanted)}")
+
+    def wait_synced(self, timeout_s: float = 60) -> None:
+        """Until every slave holds its master's whole CommitLog and its topics (config sync runs
+        every few seconds): a fault injected before that tests a slave that was still behind."""
+
+        def synced() -> bool:
+            with self.admin() as admin:
+                status = admin.cluster_status()
+            members = {
+                (b["broker_name"], b["broker_id"]): b
+                for c in status["clusters"]
+                for b in c["brokers"]
+                if b["reachable"]
+            }
+            for group in self.groups:
+                master = members.get((group, 0))
+                if master is None:
+                    return False
+                for broker_id in range(1, self.slaves_per_group + 1):
+                    slave = members.get((group, broker_id))
+                    if (
+                        slave is None
+                        or slave["topics"] < master["topics"]
+                        or slave["store"]["commitlog_max_offset"]
+                        != master["store"]["commitlog_max_offset"]
+                    ):
+                        return False
+            return True
+
+        wait_for(synced, timeout_s, "every slave to hold its master's log and topics")
 
     # ------------------------------------------------------------------ logs
     def dump_logs(self, directory: str | os.PathLike[str]) -> list[Path]:
