@@ -187,12 +187,14 @@ def test_each_broker_pod_runs_its_role_and_broker_id(rendered: Rendered) -> None
         assert [flag(p, "--broker-id") for p in pods] == [str(i) for i in range(1 + slaves)]
         roles = [flag(p, "--role") for p in pods]
         if automatic:
+            assert sts["spec"]["podManagementPolicy"] == "Parallel"
             assert roles == [master_role] * (1 + slaves)
             assert all(flag(p, "--failover") == "auto" for p in pods)
             assert all(flag(p, "--zk") == f"{RELEASE}-tidemq-zookeeper:2181" for p in pods)
             priority = values["failover"]["electionPriority"]
             assert all(flag(p, "--election-priority") == str(priority) for p in pods)
         else:
+            assert sts["spec"]["podManagementPolicy"] == "OrderedReady"  # the master first
             assert roles == [master_role] + ["SLAVE"] * slaves
             assert all("--failover" not in p for p in pods)
 

@@ -7,6 +7,7 @@
     with TidemqCluster(master_role="SYNC_MASTER", slaves=1) as cluster:
         with cluster.producer() as producer:
             producer.send("orders", b"kept")
+        cluster.wait_synced()
         cluster.kill(cluster.master())
         with cluster.consumer("billing", "orders", start_from="first") as consumer:
             assert [m.body for m in consumer.poll(max_messages=1, timeout_s=10)] == [b"kept"]
