@@ -12,8 +12,9 @@ server, which drains and stops cleanly), with their flags taken from, in order o
    container's IP address with its port.
 
 Two values serve StatefulSets, where every pod has the same spec: ``--broker-id ordinal`` is the
-pod's ordinal (the number that ends its host name) and ``--role ordinal:SYNC_MASTER`` means
-``SYNC_MASTER`` for pod 0 and ``SLAVE`` for the others.
+pod's ordinal (the number that ends its host name), ``ordinal+1`` that plus one (automatic
+failover numbers brokers from 1), and ``--role ordinal:SYNC_MASTER`` means ``SYNC_MASTER`` for
+pod 0 and ``SLAVE`` for the others.
 
 ``healthcheck`` asks the server this container started whether it serves (exit 0 or 1), for the
 image's HEALTHCHECK. Any other command is passed to the ``tidemq`` CLI unchanged.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
 import sys
 import tomllib
@@ -50,6 +52,8 @@ DEFAULTS: Mapping[str, Mapping[str, str]] = {
     },
 }
 ORDINAL = "ordinal"
+# "ordinal" or "ordinal+N": automatic failover numbers brokers from 1 (0 is the master's id).
+ORDINAL_ID = re.compile(r"ordinal(?:\+(\d+))?")
 TRUE = {"1", "true", "yes", "on"}
 FALSE = {"0", "false", "no", "off", ""}
 
@@ -134,8 +138,8 @@ def _resolve_ordinals(args: list[str], hostname: str) -> list[str]:
     out = list(args)
     for i, arg in enumerate(out[:-1]):
         value = out[i + 1]
-        if arg == "--broker-id" and value == ORDINAL:
-            out[i + 1] = str(ordinal(hostname))
+        if arg == "--broker-id" and (match := ORDINAL_ID.fullmatch(value)):
+            out[i + 1] = str(ordinal(hostname) + int(match.group(1) or 0))
         elif arg == "--role" and value.startswith(ORDINAL + ":"):
             out[i + 1] = value.partition(":")[2] if ordinal(hostname) == 0 else "SLAVE"
     return out

@@ -3,6 +3,7 @@ schemas (strict: unknown fields fail), and check what an operator relies on."""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -172,8 +173,8 @@ def pod_flags(sts: dict[str, Any], ordinal: int, toml: Path) -> list[str]:
 
 
 def test_each_broker_pod_runs_its_role_and_broker_id(rendered: Rendered) -> None:
-    """Classic: pod 0 of every group is its master, the others its slaves. Automatic: every pod
-    is a candidate with the group's master role; the broker id is always the ordinal."""
+    """Classic: pod 0 of every group is its master (id 0), the others its slaves (their
+    ordinals). Automatic: every pod is a candidate with the group's master role, ids from 1."""
     values, objects, toml = rendered
     broker = values.get("broker", {})
     groups, slaves = broker.get("groups", 1), broker.get("slavesPerGroup", 1)
@@ -184,9 +185,10 @@ def test_each_broker_pod_runs_its_role_and_broker_id(rendered: Rendered) -> None
     for sts in sets.values():
         assert sts["spec"]["replicas"] == 1 + slaves
         pods = [pod_flags(sts, i, toml) for i in range(1 + slaves)]
-        assert [flag(p, "--broker-id") for p in pods] == [str(i) for i in range(1 + slaves)]
+        ids = [flag(p, "--broker-id") for p in pods]
         roles = [flag(p, "--role") for p in pods]
         if automatic:
+            assert ids == [str(i + 1) for i in range(1 + slaves)]  # 0 is the elected master's
             assert sts["spec"]["podManagementPolicy"] == "Parallel"
             assert roles == [master_role] * (1 + slaves)
             assert all(flag(p, "--failover") == "auto" for p in pods)
@@ -194,6 +196,7 @@ def test_each_broker_pod_runs_its_role_and_broker_id(rendered: Rendered) -> None
             priority = values["failover"]["electionPriority"]
             assert all(flag(p, "--election-priority") == str(priority) for p in pods)
         else:
+            assert ids == [str(i) for i in range(1 + slaves)]
             assert sts["spec"]["podManagementPolicy"] == "OrderedReady"  # the master first
             assert roles == [master_role] + ["SLAVE"] * slaves
             assert all("--failover" not in p for p in pods)
@@ -209,10 +212,9 @@ def test_broker_toml_and_flags_make_a_valid_broker_config(rendered: Rendered) ->
             if "--failover" in args and "--failover" not in entrypoint.options_of("broker"):
                 pytest.skip("this broker has no --failover flag yet (automatic failover)")
             args[args.index("--advertise") + 1] = f"pod-{ordinal}.example:10911"
-            parsed = cli.build_parser().parse_args(args)
-            overrides = {k: getattr(parsed, k) for k in ("broker_name", "broker_id", "role")}
-            overrides |= {"advertise": parsed.advertise, "zk_hosts": parsed.zk_hosts}
-            cfg = broker_config.load(str(toml), overrides)
+            parsed = vars(cli.build_parser().parse_args(args))
+            keys = {f.name for f in dataclasses.fields(broker_config.BrokerConfig)}
+            cfg = broker_config.load(str(toml), {k: parsed[k] for k in keys if k in parsed})
             assert cfg.cluster == values.get("clusterName", "DefaultCluster")
             if broker.get("replication") == "SYNC":
                 assert cfg.ha_min_insync_replicas == broker.get("minInsyncReplicas", 1)

@@ -84,6 +84,11 @@ def test_ordinal_gives_the_master_to_pod_0(hostname: str, role: str, broker_id: 
     assert (got["--role"], got["--broker-id"]) == (role, broker_id)
 
 
+def test_ordinal_plus_one_numbers_from_one() -> None:
+    argv = ["broker", "--broker-id", "ordinal+1", "--advertise", "x:1"]
+    assert flags(plan(argv, {}, "g-broker-a-0").argv)["--broker-id"] == "1"
+
+
 def test_ordinal_needs_a_statefulset_host_name() -> None:
     with pytest.raises(EntrypointError, match="StatefulSet pod"):
         plan(["broker", "--broker-id", "ordinal", "--advertise", "x:1"], {}, "laptop")
