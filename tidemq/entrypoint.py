@@ -84,12 +84,10 @@ def options_of(command: str) -> dict[str, argparse.Action]:
 
 
 def _given(args: Sequence[str], option: str) -> str | None:
-    """The value of ``option`` among ``args`` (``--x v`` or ``--x=v``), or None if absent."""
+    """The value of ``option`` among ``args`` (split by ``_split_equals``), None if absent."""
     for i, arg in enumerate(args):
         if arg == option:
             return args[i + 1] if i + 1 < len(args) else ""
-        if arg.startswith(option + "="):
-            return arg.partition("=")[2]
     return None
 
 
