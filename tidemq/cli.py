@@ -16,7 +16,7 @@ from storage import FlushMode, Message, MessageStore, StoreConfig
 from storage.atomic_file import read_json_with_fallback
 from storage.check import check_store, dump_records
 from storage.errors import StoreError
-from tidemq import cli_client, cli_pipeline, dev
+from tidemq import cli_client, cli_pipeline, dev, health
 from tidemq.errors import TidemqError
 
 
@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_parser(sub)
     cli_client.add_parsers(sub)
     cli_pipeline.add_parsers(sub)
+    health.add_parser(sub)
 
     n = sub.add_parser("nameserver", help=nameserver_server.DESCRIPTION)
     nameserver_server.add_arguments(n)

@@ -1,0 +1,225 @@
+{{/* Names: <release>-<chart> unless overridden, cut to DNS label length. */}}
+{{- define "tidemq.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "tidemq.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Broker group names, RocketMQ style: broker-a, broker-b, ... (a list, as JSON). */}}
+{{- define "tidemq.brokerGroups" -}}
+{{- $letters := splitList "" "abcdefghijklmnopqrstuvwxyz" -}}
+{{- $groups := list -}}
+{{- range $i := until (int .Values.broker.groups) -}}
+{{- if lt $i 26 -}}
+{{- $groups = append $groups (printf "broker-%s" (index $letters $i)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $groups -}}
+{{- end -}}
+
+{{/* Labels. "component" is nameserver, broker or zookeeper. */}}
+{{- define "tidemq.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tidemq.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "tidemq.labels" -}}
+{{ include "tidemq.selectorLabels" . }}
+app.kubernetes.io/part-of: tidemq
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* metadata.annotations from commonAnnotations; nothing when there are none. */}}
+{{- define "tidemq.annotations" -}}
+{{- with .Values.commonAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end -}}
+
+{{- define "tidemq.image" -}}
+{{- $image := .Values.image -}}
+{{- $tag := default .Chart.AppVersion $image.tag -}}
+{{- if $image.digest -}}
+{{- printf "%s/%s@%s" $image.registry $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s/%s:%s" $image.registry $image.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ZooKeeper connect string: the bundled ensemble's client Service, or zookeeper.connect. */}}
+{{- define "tidemq.zookeeperConnect" -}}
+{{- if .Values.zookeeper.enabled -}}
+{{- printf "%s-zookeeper:%d" (include "tidemq.fullname" .) (int .Values.zookeeper.containerPorts.client) -}}
+{{- else -}}
+{{- .Values.zookeeper.connect -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The group's master role: what pod 0 runs in classic mode, every pod in automatic mode. */}}
+{{- define "tidemq.masterRole" -}}
+{{- if eq .Values.broker.replication "SYNC" }}SYNC_MASTER{{ else }}ASYNC_MASTER{{ end -}}
+{{- end -}}
+
+{{/* Pod anti-affinity preset. Args: root, component, preset, extra selector labels. */}}
+{{- define "tidemq.antiAffinity" -}}
+podAntiAffinity:
+  {{- $selector := merge (fromYaml (include "tidemq.selectorLabels" .)) (.extra | default dict) }}
+  {{- if eq .preset "hard" }}
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- toYaml $selector | nindent 10 }}
+  {{- else }}
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- toYaml $selector | nindent 12 }}
+  {{- end }}
+{{- end -}}
+
+{{/* A gRPC health probe on a port. Args: probe values, port. */}}
+{{- define "tidemq.grpcProbe" -}}
+grpc:
+  port: {{ .port }}
+{{- with .probe.initialDelaySeconds }}
+initialDelaySeconds: {{ . }}
+{{- end }}
+periodSeconds: {{ .probe.periodSeconds }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+{{- end -}}
+
+{{- define "tidemq.podSecurityContext" -}}
+{{- if .Values.podSecurityContext.enabled }}
+securityContext:
+  runAsNonRoot: true
+  {{- toYaml (omit .Values.podSecurityContext "enabled") | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "tidemq.containerSecurityContext" -}}
+{{- if .Values.containerSecurityContext.enabled }}
+securityContext:
+  runAsNonRoot: true
+  capabilities:
+    drop: [ALL]
+  {{- toYaml (omit .Values.containerSecurityContext "enabled") | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "tidemq.storageClass" -}}
+{{- if .storageClass }}
+{{- if eq "-" .storageClass }}
+storageClassName: ""
+{{- else }}
+storageClassName: {{ .storageClass | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Validation: every rule adds its message; the render fails once with all of them.
+*/}}
+{{- define "tidemq.validateValues" -}}
+{{- $v := .Values -}}
+{{- $m := list -}}
+{{- if lt (int $v.nameserver.replicaCount) 1 -}}
+{{- $m = append $m "nameserver.replicaCount: at least 1 nameserver is needed (2 or more to survive losing one)" -}}
+{{- end -}}
+{{- if or (lt (int $v.broker.groups) 1) (gt (int $v.broker.groups) 26) -}}
+{{- $m = append $m (printf "broker.groups: must be 1 to 26 (broker-a to broker-z), got %v" $v.broker.groups) -}}
+{{- end -}}
+{{- if lt (int $v.broker.slavesPerGroup) 0 -}}
+{{- $m = append $m "broker.slavesPerGroup: must be 0 or more" -}}
+{{- end -}}
+{{- if not (has $v.broker.replication (list "ASYNC" "SYNC")) -}}
+{{- $m = append $m (printf "broker.replication: must be ASYNC or SYNC, got %v" $v.broker.replication) -}}
+{{- end -}}
+{{- if not (has $v.broker.flush (list "ASYNC" "SYNC")) -}}
+{{- $m = append $m (printf "broker.flush: must be ASYNC or SYNC, got %v" $v.broker.flush) -}}
+{{- end -}}
+{{- if eq $v.broker.replication "SYNC" -}}
+{{- if lt (int $v.broker.slavesPerGroup) 1 -}}
+{{- $m = append $m "broker.replication=SYNC needs slaves: set broker.slavesPerGroup to 1 or more" -}}
+{{- else if or (lt (int $v.broker.minInsyncReplicas) 1) (gt (int $v.broker.minInsyncReplicas) (int $v.broker.slavesPerGroup)) -}}
+{{- $m = append $m (printf "broker.minInsyncReplicas: must be 1 to broker.slavesPerGroup (%v), got %v" $v.broker.slavesPerGroup $v.broker.minInsyncReplicas) -}}
+{{- end -}}
+{{- end -}}
+{{- if not (has $v.failover.mode (list "classic" "automatic")) -}}
+{{- $m = append $m (printf "failover.mode: must be classic or automatic, got %v" $v.failover.mode) -}}
+{{- end -}}
+{{- if eq $v.failover.mode "automatic" -}}
+{{- if lt (int $v.broker.slavesPerGroup) 1 -}}
+{{- $m = append $m "failover.mode=automatic needs slaves to elect: set broker.slavesPerGroup to 1 or more" -}}
+{{- end -}}
+{{- if and (not $v.zookeeper.enabled) (not $v.zookeeper.connect) -}}
+{{- $m = append $m "failover.mode=automatic elects masters in ZooKeeper: set zookeeper.enabled=true or zookeeper.connect" -}}
+{{- end -}}
+{{- end -}}
+{{- if and (ne $v.failover.mode "automatic") (toString $v.failover.electionPriority) -}}
+{{- $m = append $m "failover.electionPriority: only applies with failover.mode=automatic" -}}
+{{- end -}}
+{{- if and $v.zookeeper.enabled $v.zookeeper.connect -}}
+{{- $m = append $m "zookeeper.connect: set for an external ensemble, which needs zookeeper.enabled=false (the bundled one is enabled)" -}}
+{{- else if and (not $v.zookeeper.enabled) (not $v.zookeeper.connect) (ne $v.failover.mode "automatic") -}}
+{{- $m = append $m "zookeeper: the registry needs ZooKeeper: set zookeeper.enabled=true, or zookeeper.connect to an external ensemble" -}}
+{{- end -}}
+{{- if and $v.zookeeper.enabled (or (lt (int $v.zookeeper.replicaCount) 1) (eq (mod (int $v.zookeeper.replicaCount) 2) 0)) -}}
+{{- $m = append $m (printf "zookeeper.replicaCount: must be odd (1, 3, 5) for a quorum, got %v" $v.zookeeper.replicaCount) -}}
+{{- end -}}
+{{- if not (regexMatch "^/[^/]" (toString $v.zookeeper.root)) -}}
+{{- $m = append $m (printf "zookeeper.root: must be an absolute znode path such as /tidemq, got %v" $v.zookeeper.root) -}}
+{{- end -}}
+{{- if $v.zookeeper.enabled -}}
+{{- $min := mul 2 (int $v.zookeeper.tickTime) -}}
+{{- $max := mul 20 (int $v.zookeeper.tickTime) -}}
+{{- range $what, $ms := dict "broker.zkSessionTimeoutMs" $v.broker.zkSessionTimeoutMs "nameserver.zkSessionTimeoutMs" $v.nameserver.zkSessionTimeoutMs -}}
+{{- if or (lt (int $ms) $min) (gt (int $ms) $max) -}}
+{{- $m = append $m (printf "%s: ZooKeeper grants session timeouts of 2 to 20 ticks (%d to %d ms with tickTime %v), got %v" $what $min $max $v.zookeeper.tickTime $ms) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.broker.persistence.enabled (not $v.broker.persistence.size) -}}
+{{- $m = append $m "broker.persistence.size: required when broker.persistence.enabled" -}}
+{{- end -}}
+{{- range $what, $preset := dict "nameserver" $v.nameserver.podAntiAffinityPreset "broker" $v.broker.podAntiAffinityPreset "zookeeper" $v.zookeeper.podAntiAffinityPreset -}}
+{{- if not (has $preset (list "soft" "hard")) -}}
+{{- $m = append $m (printf "%s.podAntiAffinityPreset: must be soft or hard, got %v" $what $preset) -}}
+{{- end -}}
+{{- end -}}
+{{- $ports := list (int $v.broker.containerPorts.grpc) -}}
+{{- if $v.metrics.enabled -}}
+{{- $ports = append $ports (int $v.broker.containerPorts.metrics) -}}
+{{- end -}}
+{{- if ne (len $ports) (len (uniq $ports)) -}}
+{{- $m = append $m "broker.containerPorts: grpc and metrics must be different ports" -}}
+{{- end -}}
+{{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) -}}
+{{- $m = append $m "metrics.serviceMonitor.enabled needs metrics.enabled=true (nothing to scrape otherwise)" -}}
+{{- end -}}
+{{- if $m -}}
+{{- printf "\nVALUES VALIDATION:\n- %s" (join "\n- " $m) | fail -}}
+{{- end -}}
+{{- end -}}

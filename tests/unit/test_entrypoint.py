@@ -1,0 +1,104 @@
+"""The image's entrypoint: flags from the command line, TIDEMQ_* variables, a mounted
+broker.toml and container defaults, in that order; StatefulSet ordinals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tidemq import entrypoint
+from tidemq.entrypoint import EntrypointError, plan
+
+pytestmark = pytest.mark.unit
+
+HOST = "mq-tidemq-broker-a-2"
+
+
+def flags(argv: list[str]) -> dict[str, str]:
+    return {a: b for a, b in zip(argv[1:], [*argv[2:], ""], strict=True) if a.startswith("--")}
+
+
+def test_nameserver_listens_on_all_interfaces_by_default() -> None:
+    launch = plan(["nameserver"], {}, HOST)
+    assert launch.argv == ["nameserver", "--listen", "0.0.0.0:9876"]
+    assert launch.probe_address == "127.0.0.1:9876"
+
+
+def test_environment_becomes_flags_and_the_command_line_wins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(entrypoint, "_own_address", lambda: "10.1.2.3")
+    env = {
+        "TIDEMQ_BROKER_NAME": "broker-b",
+        "TIDEMQ_ZK": "zk:2181",
+        "TIDEMQ_LISTEN": "0.0.0.0:1234",
+        "TIDEMQ_AUTO_CREATE_TOPICS": "true",
+        "TIDEMQ_CONFIRM_OFFSET": "false",
+        "TIDEMQ_UNRELATED": "ignored",
+    }
+    launch = plan(["broker", "--zk=other:2181"], env, HOST)
+    got = flags(launch.argv)
+    assert got["--broker-name"] == "broker-b"
+    assert got["--zk"] == "other:2181"  # the flag, not TIDEMQ_ZK
+    assert launch.argv.count("--zk") == 1
+    assert "--auto-create-topics" in launch.argv and "--confirm-offset" not in launch.argv
+    assert got["--listen"] == "0.0.0.0:1234"
+    assert got["--advertise"] == "10.1.2.3:1234"  # this container's address, the listen port
+    assert got["--store"] == "/var/lib/tidemq/store"
+    assert got["--metrics-listen"] == "0.0.0.0:9108"
+    assert launch.probe_address == "127.0.0.1:1234"
+
+
+def test_a_switch_with_another_value_is_refused() -> None:
+    with pytest.raises(EntrypointError, match="--auto-create-topics is a switch"):
+        plan(["broker"], {"TIDEMQ_AUTO_CREATE_TOPICS": "maybe"}, HOST)
+
+
+def test_keys_of_the_mounted_config_are_not_overridden_by_defaults(tmp_path: Path) -> None:
+    toml = tmp_path / "broker.toml"
+    toml.write_text('listen = "0.0.0.0:20911"\nmetrics_listen = ""\nadvertise = "b.svc:20911"\n')
+    launch = plan(["broker"], {"TIDEMQ_CONFIG": str(toml)}, HOST)
+    got = flags(launch.argv)
+    assert got["--config"] == str(toml)
+    assert "--listen" not in got and "--metrics-listen" not in got and "--advertise" not in got
+    assert launch.probe_address == "127.0.0.1:20911"
+
+
+def test_unreadable_or_invalid_config_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(EntrypointError, match="cannot read the broker config"):
+        plan(["broker", "--config", str(tmp_path / "missing.toml")], {}, HOST)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("listen = \n")
+    with pytest.raises(EntrypointError, match="not valid TOML"):
+        plan(["broker", "--config", str(bad)], {}, HOST)
+
+
+@pytest.mark.parametrize(
+    ("hostname", "role", "broker_id"),
+    [("g-broker-a-0", "SYNC_MASTER", "0"), ("g-broker-a-1", "SLAVE", "1"), (HOST, "SLAVE", "2")],
+)
+def test_ordinal_gives_the_master_to_pod_0(hostname: str, role: str, broker_id: str) -> None:
+    argv = ["broker", "--broker-id", "ordinal", "--role", "ordinal:SYNC_MASTER"]
+    got = flags(plan([*argv, "--advertise", "x:1"], {}, hostname).argv)
+    assert (got["--role"], got["--broker-id"]) == (role, broker_id)
+
+
+def test_ordinal_plus_one_numbers_from_one() -> None:
+    argv = ["broker", "--broker-id", "ordinal+1", "--advertise", "x:1"]
+    assert flags(plan(argv, {}, "g-broker-a-0").argv)["--broker-id"] == "1"
+
+
+def test_ordinal_needs_a_statefulset_host_name() -> None:
+    with pytest.raises(EntrypointError, match="StatefulSet pod"):
+        plan(["broker", "--broker-id", "ordinal", "--advertise", "x:1"], {}, "laptop")
+
+
+def test_other_commands_pass_through_unchanged() -> None:
+    launch = plan(["cluster", "status", "--json"], {"TIDEMQ_LISTEN": "0.0.0.0:1"}, HOST)
+    assert launch.argv == ["cluster", "status", "--json"]
+    assert launch.probe_address is None
+
+
+def test_healthcheck_without_a_started_server_fails(tmp_path: Path) -> None:
+    assert entrypoint.healthcheck({"TIDEMQ_HEALTH_FILE": str(tmp_path / "none")}) == 1
