@@ -32,6 +32,16 @@ def broker_status(cluster: TidemqCluster, name: str) -> dict[str, Any]:
     raise AssertionError(f"{name} is not routed")
 
 
+def role_of(cluster: TidemqCluster, address: str) -> str | None:
+    """A broker's failover role as it reports it, found by its address (automatic failover
+    registers a broker under a different id when it is master)."""
+    with cluster.admin() as admin:
+        for b in admin.cluster_status()["clusters"][0]["brokers"]:
+            if b["address"] == address and b.get("failover"):
+                return str(b["failover"]["role"])
+    return None
+
+
 def consume_all(
     cluster: TidemqCluster, group: str, expected: set[str], timeout_s: float
 ) -> dict[str, bytes]:
@@ -179,3 +189,63 @@ def test_zookeeper_replaced_by_an_empty_one_brokers_register_again(
         sent = producer.send(TOPIC, b"after the new ZooKeeper")
     assert sent.status is SendStatus.SEND_OK
     assert sent.msg_id in consume_all(cluster, "after-zk", {sent.msg_id}, 30)
+
+
+def test_automatic_failover_survives_a_network_partition_of_the_master(
+    make_cluster: MakeCluster,
+) -> None:
+    """The master is cut off the network: it stops acknowledging (its ZooKeeper lease lapses),
+    a slave is elected, producers follow; back on the network the old master steps down, follows
+    and converges. Every SEND_OK message is read back, and no epoch has two acknowledgers."""
+    cluster = make_cluster(
+        master_role="SYNC_MASTER",
+        failover="auto",
+        slaves=2,
+        broker_config={"ha_report_interval_ms": 1000, "isr_max_lag_ms": 4000},
+    )
+    create_topic(cluster)
+    old = cluster.master()
+    answers: list[tuple[str, int, str]] = []  # (msg id, epoch, broker address) of each SEND_OK
+    stop = threading.Event()
+
+    def load() -> None:
+        i = 0
+        with cluster.producer(send_timeout_ms=5000) as producer:
+            while not stop.is_set():
+                try:
+                    r = producer.send(TOPIC, f"order {i}".encode())
+                except Exception:  # noqa: BLE001 - refused during the failover: not acknowledged
+                    continue
+                finally:
+                    i += 1
+                if r.status is SendStatus.SEND_OK:
+                    answers.append((r.msg_id, r.epoch, r.broker_address))
+
+    loader = threading.Thread(target=load, name="load")
+    loader.start()
+    try:
+        wait_until(lambda: len(answers) >= 100, 60, "100 acknowledged sends")
+        cluster.disconnect(old)
+        cut_at = len(answers)
+        wait_until(
+            lambda: any(e > answers[0][1] for _, e, _ in answers[cut_at:]),
+            60,
+            "a SEND_OK from a newer epoch",
+        )
+        new = cluster.master()
+        assert new is not old
+        cluster.reconnect(old)
+        wait_until(
+            lambda: role_of(cluster, old.address) == "SLAVE", 60, "the old master to step down"
+        )
+        more = len(answers)
+        wait_until(lambda: len(answers) >= more + 50, 60, "sends after the old master is back")
+    finally:
+        stop.set()
+        loader.join(60)
+    by_epoch: dict[int, set[str]] = {}
+    for _, epoch, address in answers:
+        by_epoch.setdefault(epoch, set()).add(address)
+    assert all(len(b) == 1 for b in by_epoch.values()), by_epoch
+    acked = {msg_id for msg_id, _, _ in answers}
+    assert acked <= set(consume_all(cluster, "after-partition", acked, 90))

@@ -190,3 +190,33 @@ def test_a_planned_switchover_hands_over_without_losing_an_acknowledged_send(
     assert group.master() == target
     check_history(history, group, "orders", QUEUES)
     admin.close()
+
+
+def test_a_whole_group_restarted_at_once_keeps_every_acknowledged_message(
+    group: Group, start_nameserver: StartNameServer, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    """RocketMQ #7689: a restarted master recovered only to its confirm offset and then reused
+    queue offsets of messages it had acknowledged. Here every broker of the group is SIGKILLed
+    under load and restarted: the best of them is elected, keeps its whole log, and new sends
+    get new queue offsets after everything acknowledged before."""
+    admin, ns = three_brokers(group, start_nameserver, zookeeper, zk_root)
+    history = History()
+    with Producers(ns, "orders", history) as producers:
+        producers.wait_acknowledged(100)
+        for i in (1, 2, 3):
+            group.kill(i)
+        before = history.acknowledged()
+        for i in (1, 2, 3):
+            group.start(i)
+        group.master(timeout_s=SESSION_MS / 1000 + 30)
+        producers.wait_acknowledged(len(history.acknowledged()) + 100)
+    assert group.failover(group.master()).group_epoch >= 2
+    group.wait_isr({1, 2, 3})
+    check_history(history, group, "orders", QUEUES)
+    # Queue offsets were never handed out twice: per queue, every acknowledged offset is unique.
+    seen: dict[tuple[int, int], str] = {}
+    for a in history.acknowledged():
+        other = seen.setdefault((a.queue_id, a.queue_offset), a.body)
+        assert other == a.body, f"queue {a.queue_id} offset {a.queue_offset}: {other} and {a.body}"
+    assert len(before) >= 100
+    admin.close()

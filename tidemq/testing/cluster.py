@@ -110,6 +110,7 @@ class TidemqCluster:
         slaves: int = 1,
         nameservers: int = 2,
         master_role: str = "ASYNC_MASTER",
+        failover: str = "classic",
         broker_config: Mapping[str, Any] | None = None,
         image: str | None = None,
         zookeeper_image: str | None = None,
@@ -119,12 +120,15 @@ class TidemqCluster:
     ) -> None:
         if master_role not in ("ASYNC_MASTER", "SYNC_MASTER"):
             raise ValueError(f"master_role must be ASYNC_MASTER or SYNC_MASTER, not {master_role}")
+        if failover not in ("classic", "auto"):
+            raise ValueError(f"failover must be classic or auto, not {failover}")
         if slaves < 0 or nameservers < 1:
             raise ValueError("slaves must be >= 0 and nameservers >= 1")
         self.groups = group_names(broker_groups)
         self.slaves_per_group = slaves
         self.nameserver_count = nameservers
         self.master_role = master_role
+        self.failover = failover
         self.broker_config = {**DEFAULT_BROKER_CONFIG, "cluster": cluster_name}
         self.broker_config.update(broker_config or {})
         self.image = image or os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
@@ -171,10 +175,15 @@ class TidemqCluster:
             for group in self.groups:
                 for ordinal in range(self.slaves_per_group + 1):
                     env = {**zk_connect, "TIDEMQ_BROKER_NAME": group}
-                    # The same command for every broker of a group: the ordinal in the host
-                    # name makes pod 0 the master, as in the Helm chart's StatefulSets.
-                    command = ["broker", "--broker-id", "ordinal"]
-                    command += ["--role", f"ordinal:{self.master_role}"]
+                    # The same command for every broker of a group, as in the Helm chart's
+                    # StatefulSets: classic, the ordinal in the host name makes pod 0 the
+                    # master; automatic failover, the brokers (ids from 1) elect one.
+                    if self.automatic:
+                        command = ["broker", "--failover", "auto", "--broker-id", "ordinal+1"]
+                        command += ["--role", self.master_role]
+                    else:
+                        command = ["broker", "--broker-id", "ordinal"]
+                        command += ["--role", f"ordinal:{self.master_role}"]
                     self._add(f"{group}-{ordinal}", Kind.BROKER, self.image, command, env, toml)
             for node in self.nodes.values():
                 node.wait_ready(self.start_timeout_s)
@@ -241,11 +250,25 @@ class TidemqCluster:
             if n.kind is Kind.BROKER and (group is None or n.name.rpartition("-")[0] == group)
         ]
 
+    @property
+    def automatic(self) -> bool:
+        return self.failover == "auto"
+
     def master(self, group: str = "broker-a") -> Node:
-        return self.nodes[f"{group}-0"]
+        """The group's master: pod 0 (classic), or the broker the routes name (automatic
+        failover; raises while the group has none)."""
+        if not self.automatic:
+            return self.nodes[f"{group}-0"]
+        with self.admin() as admin:
+            address = admin.masters().get(group)
+        for node in self.brokers(group):
+            if address is not None and node.address == address:
+                return node
+        raise RuntimeError(f"broker group {group} has no master in the routes now")
 
     def slaves(self, group: str = "broker-a") -> list[Node]:
-        return self.brokers(group)[1:]
+        master = self.master(group)
+        return [n for n in self.brokers(group) if n is not master]
 
     @property
     def nameserver_address(self) -> str:
@@ -308,14 +331,23 @@ class TidemqCluster:
         self, timeout_s: float = 60, brokers: Iterable[str | Node] | None = None
     ) -> None:
         """Until every nameserver routes ``brokers`` (default: every broker node)."""
-        wanted = {
-            f"{n.name.rpartition('-')[0]}/{n.name.rpartition('-')[2]}"
-            for n in (self.node(b) for b in (brokers if brokers is not None else self.brokers()))
-        }
+        nodes = [self.node(b) for b in (brokers if brokers is not None else self.brokers())]
+        wanted = {f"{n.name.rpartition('-')[0]}/{n.name.rpartition('-')[2]}" for n in nodes}
+
+        def all_there(routed: set[str]) -> bool:
+            if not self.automatic:
+                return wanted <= routed
+            # Elected ids: each group has a master (id 0) and every one of its brokers.
+            for group in {n.name.rpartition("-")[0] for n in nodes}:
+                members = {r for r in routed if r.rpartition("/")[0] == group}
+                want = sum(n.name.rpartition("-")[0] == group for n in nodes)
+                if f"{group}/0" not in members or len(members) < want:
+                    return False
+            return True
 
         def routed() -> bool:
             try:
-                return all(wanted <= self.routed_brokers(ns) for ns in self.nameservers)
+                return all(all_there(self.routed_brokers(ns)) for ns in self.nameservers)
             except grpc.RpcError:  # not serving yet is what we wait out
                 return False
 
@@ -338,7 +370,10 @@ class TidemqCluster:
                 master = members.get((group, 0))
                 if master is None:
                     return False
-                for broker_id in range(1, self.slaves_per_group + 1):
+                slave_ids = [i for (g, i) in members if g == group and i != 0]
+                if len(slave_ids) < self.slaves_per_group:
+                    return False
+                for broker_id in slave_ids:
                     slave = members.get((group, broker_id))
                     if (
                         slave is None
