@@ -184,9 +184,10 @@ class AutomaticFailover:
         if not self.role.is_master:
             return self.slave.confirm_offset
         isr = self.master.tracker.isr
-        if isr is not None and len(isr) <= 1:
+        if isr is not None and len(isr) <= 1 and not self.config.unclean_election:
             # Alone in the ISR: no other broker may be elected, so nothing of its log can be
-            # taken back by a failover.
+            # taken back by a failover. (With unclean election one may: then consumers see only
+            # what the slaves last held.)
             return None
         return self.master.confirmed_offset
 
