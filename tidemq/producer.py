@@ -807,6 +807,12 @@ _FAILOVER_CODES = frozenset({"NOT_MASTER", "STALE_EPOCH", "ROUTE_NOT_FOUND", "UN
 FAILOVER_POLL_S = 0.05
 
 
+def _failing_over(state: RetryCallState) -> bool:
+    """The last attempt failed because its group is changing masters."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES
+
+
 class _RetryBudget(stop_base):
     """At most ``retries`` more attempts, within ``timeout_s`` in all; a failover in progress
     (no master, a superseded one) is retried until the timeout alone."""
@@ -819,8 +825,7 @@ class _RetryBudget(stop_base):
         elapsed = state.seconds_since_start or 0.0
         if elapsed >= self.timeout_s:
             return True
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES:
+        if _failing_over(state):
             return False
         return state.attempt_number >= self.retries
 
@@ -830,8 +835,7 @@ def _wait_for(other: wait_base) -> Callable[[RetryCallState], float]:
     second or two of the old one's session expiring); other errors back off as ``other``."""
 
     def wait(state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES:
+        if _failing_over(state):
             return FAILOVER_POLL_S + random.uniform(0, FAILOVER_POLL_S)
         return float(other(state))
 

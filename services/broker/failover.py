@@ -350,7 +350,11 @@ class FailoverAgent(KazooLoopBridge):
         else:
             tx.set_data(self.paths.state, zn.encode_state(new), version=version)
         tx.create(self.paths.leader, zn.encode_leader(leader), ephemeral=True)
-        results = tx.commit_async().get(timeout=t)
+        self._commit(tx)
+
+    def _commit(self, tx: Any) -> None:
+        """kazoo's commit returns its failures instead of raising them: raise the cause."""
+        results = tx.commit_async().get(timeout=self.timeout_s)
         failures = [r for r in results if isinstance(r, Exception)]
         if failures:
             # The first real failure names the cause; the others are RolledBackError.
@@ -385,10 +389,7 @@ class FailoverAgent(KazooLoopBridge):
             tx = client.transaction()
             tx.set_data(self.paths.state, zn.encode_state(new), version=view.state_version)
             tx.delete(self.paths.leader)
-            results = tx.commit_async().get(timeout=self.timeout_s)
-            failures = [r for r in results if isinstance(r, Exception)]
-            if failures:
-                raise failures[0]
+            self._commit(tx)
 
         try:
             await loop.run_in_executor(None, commit)

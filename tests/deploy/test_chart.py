@@ -209,8 +209,6 @@ def test_broker_toml_and_flags_make_a_valid_broker_config(rendered: Rendered) ->
     for sts in broker_sets(objects).values():
         for ordinal in range(1 + broker.get("slavesPerGroup", 1)):
             args = pod_flags(sts, ordinal, toml)
-            if "--failover" in args and "--failover" not in entrypoint.options_of("broker"):
-                pytest.skip("this broker has no --failover flag yet (automatic failover)")
             args[args.index("--advertise") + 1] = f"pod-{ordinal}.example:10911"
             parsed = vars(cli.build_parser().parse_args(args))
             keys = {f.name for f in dataclasses.fields(broker_config.BrokerConfig)}

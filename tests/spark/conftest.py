@@ -27,7 +27,10 @@ from tests.integration.conftest import (  # noqa: F401 - fixtures and the report
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     if shutil.which("java") is None:
-        pytest.skip("Spark needs Java 17+ on PATH")
+        pytest.fail(
+            "Spark needs Java 17+ on PATH: `make system-deps` installs default-jre-headless",
+            pytrace=False,
+        )
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
     session = get_session(
         "tidemq-tests",
