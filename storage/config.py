@@ -59,6 +59,9 @@ class StoreConfig:
     sync_flush_timeout_ms: int = 5_000
     consume_queue_flush_interval_ms: int = 1_000
     checkpoint_interval_ms: int = 1_000
+    # How far ahead of the CommitLog's write position a background thread keeps pages in the
+    # page cache, so writers do not pay first-touch faults (storage.warm). 0 turns it off.
+    warm_ahead_bytes: int = 64 << 20
     # Identity written into every record and every offset message id.
     store_host: str = "127.0.0.1:10911"
     # Retention.
@@ -99,6 +102,8 @@ class StoreConfig:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
+        if self.warm_ahead_bytes < 0:
+            problems.append("warm_ahead_bytes must be >= 0")
         if self.flush_least_pages < 0:
             problems.append("flush_least_pages must be >= 0")
         if self.file_reserved_time_hours <= 0:

@@ -40,7 +40,7 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 from storage.errors import (
     BodyTooLargeError,
@@ -97,12 +97,6 @@ def _header(born_v6: bool, store_v6: bool) -> struct.Struct:
 # Full header up to and including BODY LENGTH, keyed by (born host v6, store host v6).
 HEADERS: Final = {(b, s): _header(b, s) for b in (False, True) for s in (False, True)}
 _HEADER_V4: Final = HEADERS[False, False]
-# The same header without the prefix, for decoding once SYSFLAG is known.
-_SUFFIX: Final = {
-    (b, s): struct.Struct(">" + _HOST[b] + "q" + _HOST[s] + "iqi")
-    for b in (False, True)
-    for s in (False, True)
-}
 
 
 def body_crc(body: bytes | memoryview) -> int:
@@ -370,9 +364,9 @@ def encode_record(
     return bytes(buf)
 
 
-@dataclass(frozen=True, slots=True)
-class StoredMessage:
-    """A record decoded for a reader."""
+class StoredMessage(NamedTuple):
+    """A record decoded for a reader. A NamedTuple, not a frozen dataclass: readers build one
+    per message, and a frozen dataclass costs four times as much to construct."""
 
     topic: str
     queue_id: int
@@ -427,21 +421,16 @@ class RecordInfo:
     uniq_key: bytes | None
 
 
-def check_record(
-    buf: Buf,
-    pos: int,
-    limit: int,
-    verify_crc: bool,
-    expect_phy_offset: int,
-    require_record_crc: bool = False,
-) -> tuple[int, RecordInfo | str | None]:
-    """Check the record at ``pos`` of ``buf`` (readable up to ``limit``).
+# What _layout found: the header's fields (the IPv4 tuple order, hosts as their full bytes),
+# then where the body, topic and properties sit and where the record ends.
+_Layout = tuple[tuple[Any, ...], int, int, int, int, int]
 
-    Returns (OK, RecordInfo), (END_OF_FILE, None), (INCOMPLETE, reason) or (CORRUPT, reason).
-    With ``require_record_crc`` a record without the whole-record CRC property is corrupt: in a
-    store that writes it, its absence means the marker itself was damaged.
-    Beyond RocketMQ's checks, PHYSICALOFFSET must equal ``expect_phy_offset``: a stale but
-    well-formed record left behind a shorter new tail is then not mistaken for a live one.
+
+def _layout(
+    buf: Buf, pos: int, limit: int, expect_phy_offset: int
+) -> tuple[int, str | None] | _Layout:
+    """The shape checks every reader of a record makes: (status, reason) when the bytes at
+    ``pos`` are no whole record, else (fields, body_at, topic_at, props_len_at, props_len, end).
     """
     avail = limit - pos
     if avail < BLANK_SIZE:
@@ -464,8 +453,7 @@ def check_record(
     if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
         hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
         fields = hdr.unpack_from(buf, pos)
-    crc, queue_id, queue_offset, phy_offset = fields[2], fields[3], fields[5], fields[6]
-    store_ts, body_len = fields[11], fields[16]
+    body_len = fields[16]
     end = pos + size
     body_at = pos + hdr.size
     topic_len_at = body_at + body_len
@@ -482,40 +470,83 @@ def check_record(
     if props_len_at + 2 > end:
         return CORRUPT, "topic length runs past the record"
     props_len = _H.unpack_from(buf, props_len_at)[0]
-    props_at = props_len_at + 2
-    if props_len < 0 or props_at + props_len != end:
+    if props_len < 0 or props_len_at + 2 + props_len != end:
         return CORRUPT, "record length does not match its fields"
-    if phy_offset != expect_phy_offset:
-        return CORRUPT, f"PHYSICALOFFSET {phy_offset} where {expect_phy_offset} was expected"
+    if fields[6] != expect_phy_offset:
+        return CORRUPT, f"PHYSICALOFFSET {fields[6]} where {expect_phy_offset} was expected"
     # Cheap shape checks that catch a torn topic or properties even without the record CRC.
     if props_len and buf[end - 1] != 0x02:
         return CORRUPT, "properties do not end with a separator"
+    return fields, body_at, topic_at, props_len_at, props_len, end
+
+
+def _topic_of(buf: Buf, topic_at: int, props_len_at: int) -> str | None:
     topic_raw = bytes(buf[topic_at:props_len_at])
     topic = _known_topics.get(topic_raw)
     if topic is None:
         if not topic_raw or not _TOPIC_BYTES_RE.match(topic_raw):
-            return CORRUPT, "topic is empty or holds bytes no topic may hold"
+            return None
         topic = topic_raw.decode("ascii")
         if len(_known_topics) >= 65_536:
             _known_topics.clear()
         _known_topics[topic_raw] = topic
+    return topic
+
+
+def _crc_problem(
+    mv: memoryview, pos: int, end: int, props_len: int, body: tuple[int, int, int], require: bool
+) -> str | None:
+    """Why the record's CRCs fail, or None. ``body`` is (body_at, body_len, BODYCRC). The
+    whole-record CRC covers every byte but its own 20, body and BODYCRC included, so when it
+    holds the body CRC adds nothing and is not computed again."""
+    if props_len >= RECORD_CRC_SIZE and (
+        mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
+    ):
+        stored = bytes(mv[end - 11 : end - 1])
+        whole = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & 0x7FFFFFFF
+        if stored != _record_crc_digits(whole) or mv[end - 1] != 0x02:
+            return "record CRC mismatch"
+        return None
+    if require:
+        return "record CRC property missing"
+    body_at, body_len, crc = body
+    if body_crc(mv[body_at : body_at + body_len]) != crc:
+        return "body CRC mismatch"
+    return None
+
+
+def check_record(
+    buf: Buf,
+    pos: int,
+    limit: int,
+    verify_crc: bool,
+    expect_phy_offset: int,
+    require_record_crc: bool = False,
+) -> tuple[int, RecordInfo | str | None]:
+    """Check the record at ``pos`` of ``buf`` (readable up to ``limit``).
+
+    Returns (OK, RecordInfo), (END_OF_FILE, None), (INCOMPLETE, reason) or (CORRUPT, reason).
+    With ``require_record_crc`` a record without the whole-record CRC property is corrupt: in a
+    store that writes it, its absence means the marker itself was damaged.
+    Beyond RocketMQ's checks, PHYSICALOFFSET must equal ``expect_phy_offset``: a stale but
+    well-formed record left behind a shorter new tail is then not mistaken for a live one.
+    """
+    found = _layout(buf, pos, limit, expect_phy_offset)
+    if len(found) == 2:
+        return found
+    fields, body_at, topic_at, props_len_at, props_len, end = found
+    topic = _topic_of(buf, topic_at, props_len_at)
+    if topic is None:
+        return CORRUPT, "topic is empty or holds bytes no topic may hold"
     if verify_crc:
         with memoryview(buf) as mv:
-            if props_len >= RECORD_CRC_SIZE and (
-                mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
-            ):
-                # The whole-record CRC covers every byte but its own 20, header included.
-                stored = bytes(mv[end - 11 : end - 1])
-                whole = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & 0x7FFFFFFF
-                if stored != _record_crc_digits(whole) or mv[end - 1] != 0x02:
-                    return CORRUPT, "record CRC mismatch"
-            elif require_record_crc:
-                return CORRUPT, "record CRC property missing"
-            if body_crc(mv[body_at:topic_len_at]) != crc:
-                return CORRUPT, "body CRC mismatch"
+            body = (body_at, fields[16], fields[2])
+            problem = _crc_problem(mv, pos, end, props_len, body, require_record_crc)
+        if problem is not None:
+            return CORRUPT, problem
     tags = keys = uniq = None
     if props_len:
-        for item in bytes(buf[props_at:end]).split(b"\x02"):
+        for item in bytes(buf[props_len_at + 2 : end]).split(b"\x02"):
             name, _, value = item.partition(b"\x01")
             if name == b"TAGS":
                 tags = value
@@ -524,51 +555,61 @@ def check_record(
             elif name == b"UNIQ_KEY":
                 uniq = value
     return OK, RecordInfo(
-        size, topic, queue_id, queue_offset, phy_offset, sys_flag, store_ts, tags, keys, uniq
+        end - pos, topic, fields[3], fields[5], fields[6], fields[7], fields[11], tags, keys, uniq
     )
+
+
+def read_record(
+    buf: Buf, pos: int, limit: int, expect_phy_offset: int, require_record_crc: bool
+) -> StoredMessage | str:
+    """The record at ``pos`` decoded for a reader, after every check ``check_record`` makes with
+    CRCs on, in one pass; a string says why there is no valid record there."""
+    found = _layout(buf, pos, limit, expect_phy_offset)
+    if len(found) == 2:
+        return str(found[1] or "a blank marker, not a record")
+    fields, body_at, topic_at, props_len_at, props_len, end = found
+    topic = _topic_of(buf, topic_at, props_len_at)
+    if topic is None:
+        return "topic is empty or holds bytes no topic may hold"
+    with memoryview(buf) as mv:
+        where = (body_at, fields[16], fields[2])
+        problem = _crc_problem(mv, pos, end, props_len, where, require_record_crc)
+    if problem is not None:
+        return problem
+    body = bytes(buf[body_at : body_at + fields[16]])
+    props = decode_properties(bytes(buf[props_len_at + 2 : end])) if props_len else {}
+    return _stored(fields, topic, end - pos, body, props)
+
+
+def _stored(
+    f: tuple[Any, ...], topic: str, size: int, body: bytes, props: dict[str, str]
+) -> StoredMessage:
+    # f is a header tuple in the IPv4 field order (see _layout); hosts keep their full bytes.
+    return StoredMessage(
+        topic, f[3], f[5], f[6], size, body, f[2], f[4], f[7], f[8], (f[9], f[10]), f[11],
+        (f[12], f[13]), f[14], f[15], props,
+    )  # fmt: skip
 
 
 def decode_record(buf: Buf, pos: int = 0) -> StoredMessage:
     """Decode a record already known to be whole (see check_record)."""
-    (size, _magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts) = (
-        PREFIX.unpack_from(buf, pos)
-    )
-    v2 = _magic == MAGIC_V2
-    suffix = _SUFFIX[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
-    (born_ip, born_port, store_ts, store_ip, store_port, reconsume, prepared, body_len) = (
-        suffix.unpack_from(buf, pos + PREFIX.size)
-    )
-    body_at = pos + PREFIX.size + suffix.size
-    at = body_at + body_len
+    magic, sys_flag = PREFIX.unpack_from(buf, pos)[1::6]
+    hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
+    fields = hdr.unpack_from(buf, pos)
+    body_at = pos + hdr.size
+    at = body_at + fields[16]
     body = bytes(buf[body_at:at])
-    if v2:
-        (topic_len,) = struct.unpack_from(">h", buf, at)
+    if magic == MAGIC_V2:
+        (topic_len,) = _H.unpack_from(buf, at)
         at += 2
     else:
         topic_len = buf[at]
         at += 1
     topic = bytes(buf[at : at + topic_len]).decode("utf-8", "replace")
     at += topic_len
-    (props_len,) = struct.unpack_from(">h", buf, at)
+    (props_len,) = _H.unpack_from(buf, at)
     props = decode_properties(bytes(buf[at + 2 : at + 2 + props_len])) if props_len else {}
-    return StoredMessage(
-        topic=topic,
-        queue_id=queue_id,
-        queue_offset=queue_offset,
-        phy_offset=phy_offset,
-        size=size,
-        body=body,
-        body_crc=crc,
-        flag=flag,
-        sys_flag=sys_flag,
-        born_timestamp_ms=born_ts,
-        born_host=(born_ip, born_port),
-        store_timestamp_ms=store_ts,
-        store_host=(store_ip, store_port),
-        reconsume_times=reconsume,
-        prepared_transaction_offset=prepared,
-        properties=props,
-    )
+    return _stored(fields, topic, fields[0], body, props)
 
 
 def make_msg_id(store_host: tuple[bytes, int], phy_offset: int) -> str:

@@ -4,7 +4,8 @@ flush, checkpoint, retention and recovery, and is the only API the broker uses.
 Threads: callers append under one put lock (a single appender at a time); ``commitlog-flush``
 flushes (and serves group commits); ``flush-watcher`` times out sync flushes; ``dispatch`` builds
 ConsumeQueue and index entries; ``housekeeping`` flushes queues, writes the checkpoint and runs
-retention. Nothing here uses asyncio: the broker wraps the returned futures.
+retention; ``commitlog-warm`` brings the pages ahead of the writer into the page cache. Nothing
+here uses asyncio: the broker wraps the returned futures.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from storage.record import Message, StoredMessage, parse_msg_id, prepare
 from storage.recovery import EvidenceWriter, RecoveryReport, recover
 from storage.results import PutStatus
 from storage.retention import RetentionDecision, decide, expired_file_count
+from storage.warm import PageWarmer
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ class MessageStore:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._flusher: FlushService | None = None
+        self.warmer: PageWarmer | None = None
         self._disk_full = False
         self._fatal: BaseException | None = None
         self._open = False
@@ -212,6 +215,11 @@ class MessageStore:
         )
         self._flusher = flusher
         flusher.start()
+        if cfg.warm_ahead_bytes:
+            self.warmer = PageWarmer(
+                lambda: self.commitlog.mfq.last_file, ahead_bytes=cfg.warm_ahead_bytes
+            )
+            self.warmer.start()
         self._threads = [
             threading.Thread(target=self._dispatch_loop, name="dispatch", daemon=True),
             threading.Thread(target=self._housekeeping_loop, name="housekeeping", daemon=True),
@@ -227,6 +235,8 @@ class MessageStore:
             self._open = False
         assert self._flusher is not None
         self._flusher.stop()
+        if self.warmer is not None:
+            self.warmer.stop()
         self._stop.set()
         self._wake_dispatch()
         for t in self._threads:

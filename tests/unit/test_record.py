@@ -26,6 +26,7 @@ from storage.record import (
     make_msg_id,
     parse_msg_id,
     prepare,
+    read_record,
     write_blank,
 )
 
@@ -127,6 +128,24 @@ def test_check_record_reports_each_failure_kind() -> None:
     bad = bytearray(rec)
     bad[4:8] = b"\x12\x34\x56\x78"
     assert check_record(bad, 0, len(bad), True, 100)[0] == CORRUPT
+
+
+@pytest.mark.parametrize("record_crc", [False, True])
+def test_read_record_decodes_what_check_record_accepts_and_names_what_it_refuses(
+    record_crc: bool,
+) -> None:
+    msg = Message("t", b"hello", tags="x", keys=["k"], properties={"p": "v"})
+    rec = encode_record(msg, 3, 100, 1, HOST, record_crc=record_crc)
+    assert read_record(rec, 0, len(rec), 100, record_crc) == decode_record(rec)
+    flipped = bytearray(rec)
+    flipped[88] ^= 0x01  # first body byte: caught by whichever CRC covers it
+    expected = "record CRC mismatch" if record_crc else "body CRC mismatch"
+    assert check_record(flipped, 0, len(flipped), True, 100) == (CORRUPT, expected)
+    assert read_record(flipped, 0, len(flipped), 100, record_crc) == expected
+    assert "PHYSICALOFFSET" in str(read_record(rec, 0, len(rec), 200, record_crc))
+    assert "bytes left" in str(read_record(rec, 0, 4, 100, record_crc))
+    if not record_crc:
+        assert read_record(rec, 0, len(rec), 100, True) == "record CRC property missing"
 
 
 def test_magic_constant() -> None:
