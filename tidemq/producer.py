@@ -198,11 +198,12 @@ def _keys(keys: Sequence[str] | str) -> tuple[str, ...]:
 
 def _add_to_request(request: Any, p: _Pending) -> None:
     m = request.messages.add(
-        topic=p.topic, body=p.body, queue_id=p.queue.queue_id if p.queue else 0
+        topic=p.topic,
+        body=p.body,
+        queue_id=p.queue.queue_id if p.queue else 0,
+        born_timestamp_ms=p.born_ms,
+        tag=p.tag,
     )
-    m.born_timestamp_ms = p.born_ms
-    if p.tag:
-        m.tag = p.tag
     if p.keys:
         m.keys.extend(p.keys)
     if p.properties:
@@ -250,15 +251,16 @@ class SendFuture:
                 self._callbacks = []
             self._callbacks.append(fn)
 
-    def set_result(self, result: SendResult) -> None:
+    def set_result(self, result: SendResult, *, wake: bool = True) -> None:
+        """``wake=False``: the caller completes many at once and wakes waiters itself after."""
         self._value, self._state = result, 1
-        self._finish()
+        self._finish(wake)
 
     def set_exception(self, error: BaseException) -> None:
         self._value, self._state = error, 2
-        self._finish()
+        self._finish(True)
 
-    def _finish(self) -> None:
+    def _finish(self, wake: bool) -> None:
         callbacks, self._callbacks = self._callbacks, None
         for fn in callbacks or ():
             try:
@@ -266,7 +268,8 @@ class SendFuture:
             except Exception:
                 log.exception("send callback failed")
         self._hub.completed += 1
-        self._hub.wake()
+        if wake:
+            self._hub.wake()
 
 
 class _Hub:
@@ -766,21 +769,31 @@ class AsyncProducer:
             return group, err
         self._fault.record_latency(broker, (time.monotonic() - started) * 1000, _ms())
         name = resp.broker_name or broker
+        epoch = resp.epoch
+        hub: _Hub | None = None
         for p, r in zip(group, resp.results, strict=True):
-            self._complete(
-                p,
-                SendResult(
-                    status=send_status(r.status),
-                    msg_id=r.msg_id,
-                    queue_id=r.queue_id,
-                    queue_offset=r.queue_offset,
-                    broker=name,
-                    topic=p.topic,
-                    commitlog_offset=r.commitlog_offset,
-                    epoch=resp.epoch,
-                    broker_address=address,
-                ),
+            result = SendResult(
+                send_status(r.status),
+                r.msg_id,
+                r.queue_id,
+                r.queue_offset,
+                name,
+                p.topic,
+                r.commitlog_offset,
+                epoch,
+                address,
             )
+            future = p.future
+            if type(future) is SendFuture:
+                # Blocked callers are woken once for the whole answer, not once per message.
+                hub = future._hub
+                if not future.done():
+                    future.set_result(result, wake=False)
+                self._finished()
+            else:
+                self._complete(p, result)
+        if hub is not None:
+            hub.wake()
         return group, None
 
     # ------------------------------------------------------------------ completion

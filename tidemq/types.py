@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class SendStatus(enum.Enum):
@@ -29,8 +29,11 @@ def send_status(wire: int) -> SendStatus:
         raise ValueError(f"unknown send status {wire} from broker") from None
 
 
-@dataclass(frozen=True)
-class SendResult:
+class SendResult(NamedTuple):
+    """What the broker answered for one message. A NamedTuple (immutable, like the frozen
+    dataclass it was): the producer builds one per message, and a frozen dataclass cost more to
+    construct than the rest of the message's handling in the SDK."""
+
     status: SendStatus
     msg_id: str
     queue_id: int
