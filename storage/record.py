@@ -493,25 +493,24 @@ def _topic_of(buf: Buf, topic_at: int, props_len_at: int) -> str | None:
     return topic
 
 
-def _crc_problem(
-    mv: memoryview, pos: int, end: int, props_len: int, body: tuple[int, int, int], require: bool
-) -> str | None:
-    """Why the record's CRCs fail, or None. ``body`` is (body_at, body_len, BODYCRC). The
-    whole-record CRC covers every byte but its own 20, body and BODYCRC included, so when it
+def _crc_problem(buf: Buf, pos: int, layout: _Layout, require: bool) -> str | None:
+    """Why the CRCs of the record at ``pos`` fail, or None (``layout`` as _layout found it).
+    The whole-record CRC covers every byte but its own 20, body and BODYCRC included, so when it
     holds the body CRC adds nothing and is not computed again."""
-    if props_len >= RECORD_CRC_SIZE and (
-        mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
-    ):
-        stored = bytes(mv[end - 11 : end - 1])
-        whole = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & 0x7FFFFFFF
-        if stored != _record_crc_digits(whole) or mv[end - 1] != 0x02:
-            return "record CRC mismatch"
-        return None
-    if require:
-        return "record CRC property missing"
-    body_at, body_len, crc = body
-    if body_crc(mv[body_at : body_at + body_len]) != crc:
-        return "body CRC mismatch"
+    fields, body_at, _, _, props_len, end = layout
+    with memoryview(buf) as mv:
+        if props_len >= RECORD_CRC_SIZE and (
+            mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
+        ):
+            stored = bytes(mv[end - 11 : end - 1])
+            whole = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & 0x7FFFFFFF
+            if stored != _record_crc_digits(whole) or mv[end - 1] != 0x02:
+                return "record CRC mismatch"
+            return None
+        if require:
+            return "record CRC property missing"
+        if body_crc(mv[body_at : body_at + fields[16]]) != fields[2]:
+            return "body CRC mismatch"
     return None
 
 
@@ -534,14 +533,12 @@ def check_record(
     found = _layout(buf, pos, limit, expect_phy_offset)
     if len(found) == 2:
         return found
-    fields, body_at, topic_at, props_len_at, props_len, end = found
+    fields, _, topic_at, props_len_at, props_len, end = found
     topic = _topic_of(buf, topic_at, props_len_at)
     if topic is None:
         return CORRUPT, "topic is empty or holds bytes no topic may hold"
     if verify_crc:
-        with memoryview(buf) as mv:
-            body = (body_at, fields[16], fields[2])
-            problem = _crc_problem(mv, pos, end, props_len, body, require_record_crc)
+        problem = _crc_problem(buf, pos, found, require_record_crc)
         if problem is not None:
             return CORRUPT, problem
     tags = keys = uniq = None
@@ -571,9 +568,7 @@ def read_record(
     topic = _topic_of(buf, topic_at, props_len_at)
     if topic is None:
         return "topic is empty or holds bytes no topic may hold"
-    with memoryview(buf) as mv:
-        where = (body_at, fields[16], fields[2])
-        problem = _crc_problem(mv, pos, end, props_len, where, require_record_crc)
+    problem = _crc_problem(buf, pos, found, require_record_crc)
     if problem is not None:
         return problem
     body = bytes(buf[body_at : body_at + fields[16]])

@@ -271,6 +271,10 @@ class SendFuture:
         if wake:
             self._hub.wake()
 
+    def wake_waiters(self) -> None:
+        """Wake callers blocked on this producer (after completions made with ``wake=False``)."""
+        self._hub.wake()
+
 
 class _Hub:
     """Where blocked callers of one Producer wait (for a result, or for buffer room)."""
@@ -770,7 +774,6 @@ class AsyncProducer:
         self._fault.record_latency(broker, (time.monotonic() - started) * 1000, _ms())
         name = resp.broker_name or broker
         epoch = resp.epoch
-        hub: _Hub | None = None
         for p, r in zip(group, resp.results, strict=True):
             result = SendResult(
                 send_status(r.status),
@@ -783,23 +786,23 @@ class AsyncProducer:
                 epoch,
                 address,
             )
-            future = p.future
-            if type(future) is SendFuture:
-                # Blocked callers are woken once for the whole answer, not once per message.
-                hub = future._hub
-                if not future.done():
-                    future.set_result(result, wake=False)
-                self._finished()
-            else:
-                self._complete(p, result)
-        if hub is not None:
-            hub.wake()
+            self._complete(p, result, wake=False)
+        # Blocked callers are woken once for the whole answer, not once per message.
+        for p in group:
+            if type(p.future) is SendFuture:
+                p.future.wake_waiters()
+                break
         return group, None
 
     # ------------------------------------------------------------------ completion
-    def _complete(self, p: _Pending, result: SendResult) -> None:
-        if not p.future.done():
-            p.future.set_result(result)
+    def _complete(self, p: _Pending, result: SendResult, *, wake: bool = True) -> None:
+        """``wake=False``: blocked callers of the blocking API are woken by the caller."""
+        future = p.future
+        if not future.done():
+            if type(future) is SendFuture:
+                future.set_result(result, wake=wake)
+            else:
+                future.set_result(result)
         self._finished()
 
     def _fail(self, p: _Pending, error: BaseException) -> None:
