@@ -4,9 +4,8 @@ Imports nothing else of tidemq. The broker uses :class:`MessageStore`; everythin
 for the store's own layers, tools and tests.
 """
 
-from storage.commitlog import AppendResult
 from storage.config import FlushMode, StoreConfig
-from storage.record import Message, StoredMessage
+from storage.record import AppendResult, Message, StoredMessage
 from storage.results import PutStatus
 from storage.store import GetResult, MessageStore, PutResult, StoreStats
 

@@ -10,14 +10,13 @@ created before the first byte is written, so a full disk fails the batch cleanly
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import time
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 from storage.errors import (
-    BodyTooLargeError,
     CorruptRecordError,
     OffsetBelowMinError,
     RawAppendOffsetError,
@@ -32,33 +31,26 @@ from storage.record import (
     OK,
     PREFIX,
     SYSFLAG_BORNHOST_V6,
-    EncodedMessage,
+    AppendResult,
+    Message,
     RecordInfo,
     StoredMessage,
     check_record,
-    make_msg_id,
+    encode_batch,
     read_record,
     write_blank,
-    write_record,
 )
 
 _I64 = struct.Struct(">q")
 
 
-class AppendResult(NamedTuple):
-    """Where one appended message went. A NamedTuple: one is built per message under the put
-    lock, and a frozen dataclass costs four times as much to construct."""
-
-    phy_offset: int
-    size: int
-    queue_offset: int
-    store_timestamp_ms: int
-    store_host: tuple[bytes, int]
-
-    @property
-    def msg_id(self) -> str:
-        """The offset message id; built on demand, outside the append lock."""
-        return make_msg_id(self.store_host, self.phy_offset)
+def write_records(buf: mmap.mmap, pos: int, data: bytes) -> None:
+    """Write whole records at ``pos``: all but the first record's TOTALSIZE and MAGICCODE, then
+    those 8 bytes. Until the last store the span starts with zeros (the end of the data), so a
+    writer killed half-way never leaves a record that looks whole."""
+    with memoryview(data) as view:
+        buf[pos + BLANK_SIZE : pos + len(data)] = view[BLANK_SIZE:]
+        buf[pos : pos + BLANK_SIZE] = view[:BLANK_SIZE]
 
 
 def _now_ms() -> int:
@@ -97,91 +89,45 @@ class CommitLog:
     def max_record_size(self) -> int:
         return self.file_size - BLANK_SIZE
 
-    def put(self, batch: Sequence[EncodedMessage]) -> list[AppendResult]:
-        """Append a batch. The caller holds the store's put lock."""
-        last = self.mfq.last_file
-        total = sum(m.size for m in batch)
-        if last is not None and last.wrote + total + BLANK_SIZE <= last.size:
-            return self._put_in_place(last, batch)
-        return self._put_across_files(batch)
+    def put(self, msgs: Sequence[Message], max_body_bytes: int) -> list[AppendResult]:
+        """Validate, encode and append a batch; the caller holds the store's put lock.
 
-    def _put_in_place(self, f: MappedFile, batch: Sequence[EncodedMessage]) -> list[AppendResult]:
-        """The common case: the whole batch fits the current file, so no blank, no roll."""
-        now = max(_now_ms(), self.last_store_timestamp_ms)
-        table = self.topic_queue_table
-        host = self.store_host
-        mm = f.mm
-        base = f.base_offset
-        pos = f.wrote
-        start = base + pos
-        results: list[AppendResult] = []
-        with memoryview(mm) as view:
-            for m in batch:
-                key = (m.topic, m.queue_id)
-                qoff = table.get(key, 0)
-                write_record(view, pos, m, qoff, base + pos, now)
-                table[key] = qoff + 1
-                results.append(AppendResult(base + pos, m.size, qoff, now, host))
-                pos += m.size
-        f.wrote = pos
-        self.last_store_timestamp_ms = now
-        if self.trusted_end == start:
-            self.trusted_end = base + pos
-        self.last_write_raw = False
-        return results
-
-    def _put_across_files(self, batch: Sequence[EncodedMessage]) -> list[AppendResult]:
+        Nothing is written unless every message is valid and every file the batch needs exists
+        (so a full disk fails the batch cleanly)."""
         fs = self.file_size
-        limit = self.max_record_size()
-        start = self.mfq.max_offset
-        if not self.mfq.files:
-            start = self.trusted_end - self.trusted_end % fs
-        # Plan every placement first: blank markers, rolls and queue offsets.
-        plan: list[tuple[int, EncodedMessage | None, int]] = []  # (offset, msg|None=blank, qoff)
-        overlay: dict[tuple[str, int], int] = {}
-        table = self.topic_queue_table
-        off = start
-        for m in batch:
-            if m.size > limit:
-                raise BodyTooLargeError(
-                    f"record of {m.size} bytes cannot fit a CommitLog file of {fs} bytes"
-                )
-            room = fs - off % fs
-            if m.size + BLANK_SIZE > room:
-                plan.append((off, None, room))
-                off += room
-            key = (m.topic, m.queue_id)
-            qoff = overlay.get(key)
-            if qoff is None:
-                qoff = table.get(key, 0)
-            overlay[key] = qoff + 1
-            plan.append((off, m, qoff))
-            off += m.size
-        self._ensure_files(start, off)
+        start = self.mfq.max_offset if self.mfq.files else self.trusted_end - self.trusted_end % fs
         now = max(_now_ms(), self.last_store_timestamp_ms)
-        results: list[AppendResult] = []
-        files = self.mfq
-        f: MappedFile | None = None
-        host = self.store_host
-        for at, placed, qoff in plan:
-            if f is None or not (f.base_offset <= at < f.end_offset):
-                f = files.find_file(at)
+        batch = encode_batch(
+            msgs,
+            start,
+            fs,
+            self.topic_queue_table,
+            now,
+            self.store_host,
+            max_body_bytes,
+            self.record_crc,
+        )
+        if not batch.results:
+            return []
+        self._ensure_files(start, batch.end)
+        f = self.mfq.last_file
+        for at, data, fills_file in batch.spans:
+            if f is None or not f.base_offset <= at < f.end_offset:
+                f = self.mfq.find_file(at)
                 assert f is not None
             pos = at - f.base_offset
-            if placed is None:
-                write_blank(f.mm, pos, qoff)
+            if fills_file:
+                write_blank(f.mm, pos, f.size - pos)
                 f.wrote = f.size
-                continue
-            with memoryview(f.mm) as view:
-                write_record(view, pos, placed, qoff, at, now)
-            f.wrote = pos + placed.size
-            results.append(AppendResult(at, placed.size, qoff, now, host))
-        table.update(overlay)
+            else:
+                write_records(f.mm, pos, data)
+                f.wrote = pos + len(data)
+        self.topic_queue_table.update(batch.queue_offsets)
         self.last_store_timestamp_ms = now
         if self.trusted_end == start:
-            self.trusted_end = off
+            self.trusted_end = batch.end
         self.last_write_raw = False
-        return results
+        return batch.results
 
     def _ensure_files(self, start: int, end: int) -> None:
         created: list[MappedFile] = []

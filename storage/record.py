@@ -28,6 +28,16 @@ End of file: when a record plus 8 bytes does not fit in what is left of a file, 
 marker (int32 remaining bytes, int32 0xCBD43194) is written and the record goes to the next file,
 so a record never straddles two files.
 
+Record CRC (``StoreConfig.record_crc``, on by default): the last property is
+``__CRC32H`` 0x01, ten decimal digits (most significant first, zero-padded), 0x02; 20 bytes. The
+digits are zlib.crc32 & 0x7FFFFFFF of everything after the body up to and including the
+property's 0x01, continued over the header (TOTALSIZE through BODY LENGTH). It leaves the body
+out because BODYCRC, which it covers, already vouches for the body: every byte is covered, and
+a put computes one CRC over the body, not two. The part after the body comes first because it is
+the same for many messages (topic and tags), so its CRC is computed once and cached. RocketMQ's ``__CRC32#`` (enabledAppendPropCRC: the same
+20 bytes, digits least significant first, over every byte before the property) is still checked
+where a record carries it: earlier tidemq builds wrote it.
+
 Offset message id: store address + store port (int32) + PHYSICALOFFSET (int64), as uppercase hex:
 32 characters for an IPv4 store host.
 """
@@ -40,12 +50,13 @@ import struct
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, NoReturn
 
 from storage.errors import (
     BodyTooLargeError,
     InvalidMessageIdError,
     InvalidPropertyError,
+    InvalidQueueIdError,
     InvalidTopicError,
     PropertiesTooLargeError,
 )
@@ -73,10 +84,15 @@ _known_topics: dict[bytes, str] = {}  # topic bytes already seen valid in a reco
 Buf = bytes | bytearray | memoryview | mmap.mmap
 WBuf = bytearray | memoryview | mmap.mmap
 
-PROP_RECORD_CRC: Final = "__CRC32#"
-RECORD_CRC_SIZE: Final = 20  # "__CRC32#" 0x01 ten-digits 0x02
-_RECORD_CRC_PREFIX: Final = b"__CRC32#\x01"
-_RECORD_CRC_PLACEHOLDER: Final = _RECORD_CRC_PREFIX + b"0" * 10 + b"\x02"
+# The record CRC property tidemq writes (see the module docstring) and RocketMQ's whole-record
+# one, which earlier tidemq builds wrote and readers still check.
+PROP_RECORD_CRC: Final = "__CRC32H"
+PROP_LEGACY_RECORD_CRC: Final = "__CRC32#"
+RECORD_CRC_SIZE: Final = 20  # name (8), 0x01, ten digits, 0x02
+_RECORD_CRC_NAME: Final = b"__CRC32H\x01"
+_LEGACY_RECORD_CRC_NAME: Final = b"__CRC32#\x01"
+_CRC_DIGITS: Final = b"%010d\x02"
+_MASK: Final = 0x7FFFFFFF
 
 PROP_TAGS: Final = "TAGS"
 PROP_KEYS: Final = "KEYS"
@@ -158,9 +174,13 @@ def decode_properties(raw: bytes) -> dict[str, str]:
     props: dict[str, str] = {}
     for item in raw.decode("utf-8", "replace").split(PROP_SEP):
         name, sep, value = item.partition(NAME_SEP)
-        if sep and name != PROP_RECORD_CRC:
+        if sep and name not in (PROP_RECORD_CRC, PROP_LEGACY_RECORD_CRC):
             props[name] = value
     return props
+
+
+def write_blank(buf: WBuf, pos: int, remaining: int) -> None:
+    BLANK.pack_into(buf, pos, remaining, BLANK_MAGIC)
 
 
 def find_property(raw: bytes, name: bytes) -> bytes | None:
@@ -195,55 +215,57 @@ class Message:
     prepared_transaction_offset: int = 0
 
 
-@dataclass(slots=True)
-class EncodedMessage:
-    """A validated message with everything computed that does not need the append lock."""
+class AppendResult(NamedTuple):
+    """Where one appended message went. A NamedTuple: one is built per message under the put
+    lock, and a frozen dataclass costs four times as much to construct."""
 
-    topic: str
-    queue_id: int
-    # The whole record with zeros where the append fills in TOTALSIZE+MAGICCODE (written last),
-    # QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP and a missing BORNTIMESTAMP.
-    image: bytes
+    phy_offset: int
     size: int
-    store_ts_at: int
-    born_ts_missing: bool
-    record_crc: bool
-    head: bytes  # TOTALSIZE + MAGICCODE
-    head_crc: int  # crc32 of ``head``: where the whole-record CRC starts
+    queue_offset: int
+    store_timestamp_ms: int
+    store_host: tuple[bytes, int]
+
+    @property
+    def msg_id(self) -> str:
+        """The offset message id; built on demand, outside the append lock."""
+        return make_msg_id(self.store_host, self.phy_offset)
 
 
-def prepare(
-    msg: Message,
-    max_body_bytes: int,
-    store_host: tuple[bytes, int],
-    record_crc: bool = False,
-) -> EncodedMessage:
-    """Validate and pre-encode one message; raises a MessageIllegalError subclass on bad input.
+class EncodedBatch(NamedTuple):
+    """A batch encoded for its place in the log, not yet written anywhere."""
 
-    ``record_crc`` reserves RocketMQ's whole-record CRC property (``enabledAppendPropCRC``):
-    20 bytes at the end of the properties, filled in by ``write_record``."""
+    # (offset, bytes, fills_file): whole records back to back, or one blank marker that ends its
+    # file (fills_file). In log order; each span lies inside one file.
+    spans: list[tuple[int, bytes, bool]]
+    results: list[AppendResult]
+    end: int  # the log's end after the batch
+    queue_offsets: dict[tuple[str, int], int]  # next queue offset of every queue the batch used
+
+
+def record_suffix(msg: Message, record_crc: bool) -> tuple[bytes, int]:
+    """What follows the body, and its CRC32 (where the record CRC starts): topic length and
+    topic, properties length and properties, ending (with ``record_crc``) in the record CRC
+    property's name and separator, whose ten digits and final separator ``encode_batch``
+    appends. Validates topic, tags, keys and properties; raises a MessageIllegalError subclass
+    on bad input. Messages with neither keys nor properties share one cached suffix per
+    (topic, tags)."""
+    plain = not msg.keys and not msg.properties
+    cache = _SUFFIXES[record_crc]
+    if plain:
+        cached = cache.get((msg.topic, msg.tags))
+        if cached is not None:
+            return cached
     prefix = topic_prefix(msg.topic)
-    body = msg.body if type(msg.body) is bytes else bytes(msg.body)
-    if len(body) > max_body_bytes:
-        raise BodyTooLargeError(f"body is {len(body)} bytes, at most {max_body_bytes} allowed")
-    if not (
-        _I32_MIN <= msg.flag <= _I32_MAX
-        and _I32_MIN <= msg.reconsume_times <= _I32_MAX
-        and 0 <= msg.born_timestamp_ms < 1 << 63
-        and 0 <= msg.prepared_transaction_offset < 1 << 63
-        and 0 <= msg.born_host[1] <= 65_535
-        and len(msg.born_host[0]) in (4, 16)
-    ):
-        raise InvalidPropertyError("flag, timestamps, offsets or born host out of range")
     for k in msg.keys:
         if not k or _BAD_KEY_CHARS.search(k):
             raise InvalidPropertyError(f"key {k!r} must be non-empty, free of spaces, \\x01, \\x02")
     keys = " ".join(msg.keys)
     if msg.properties:
-        if PROP_RECORD_CRC in msg.properties:
-            # The store's own: a reader drops it, and without record CRCs a client's copy
-            # ending the properties would be checked as the record CRC and fail it as corrupt.
-            raise InvalidPropertyError(f"property {PROP_RECORD_CRC} is reserved")
+        for reserved in (PROP_RECORD_CRC, PROP_LEGACY_RECORD_CRC):
+            if reserved in msg.properties:
+                # The store's own: a reader drops it, and a client's copy ending the properties
+                # would be checked as the record CRC and fail the record as corrupt.
+                raise InvalidPropertyError(f"property {reserved} is reserved")
         props = dict(msg.properties)
         if msg.tags:
             props[PROP_TAGS] = msg.tags
@@ -251,100 +273,157 @@ def prepare(
             props[PROP_KEYS] = keys
         props_raw = encode_properties(props)
     else:
-        # The common shape (tags and keys only) without building a dict.
         if msg.tags and _BAD_PROPERTY_CHARS.search(msg.tags):
             raise InvalidPropertyError("tags must be free of \\x01 and \\x02")
         text = (f"TAGS\x01{msg.tags}\x02" if msg.tags else "") + (
             f"KEYS\x01{keys}\x02" if keys else ""
         )
         props_raw = text.encode("utf-8")
-        if len(props_raw) > PROPERTIES_MAX_BYTES:
-            raise PropertiesTooLargeError(
-                f"properties are {len(props_raw)} bytes, at most {PROPERTIES_MAX_BYTES} allowed"
-            )
+    limit = PROPERTIES_MAX_BYTES - (RECORD_CRC_SIZE if record_crc else 0)
+    if len(props_raw) > limit:
+        raise PropertiesTooLargeError(
+            f"properties are {len(props_raw)} bytes, at most {limit} allowed"
+            + (" with the record CRC" if record_crc else "")
+        )
     if record_crc:
-        if len(props_raw) + RECORD_CRC_SIZE > PROPERTIES_MAX_BYTES:
-            raise PropertiesTooLargeError(
-                f"properties are {len(props_raw)} bytes; with the record CRC at most "
-                f"{PROPERTIES_MAX_BYTES - RECORD_CRC_SIZE} allowed"
-            )
-        props_raw += _RECORD_CRC_PLACEHOLDER
-    born_v6 = len(msg.born_host[0]) == 16
-    store_v6 = len(store_host[0]) == 16
-    sys_flag = msg.sys_flag & ~(SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)
+        suffix = b"".join(
+            (prefix, _H.pack(len(props_raw) + RECORD_CRC_SIZE), props_raw, _RECORD_CRC_NAME)
+        )
+    else:
+        suffix = b"".join((prefix, _H.pack(len(props_raw)), props_raw))
+    encoded = (suffix, zlib.crc32(suffix))
+    if plain:
+        if len(cache) >= 4_096:
+            cache.clear()
+        cache[msg.topic, msg.tags] = encoded
+    return encoded
+
+
+_SUFFIXES: dict[bool, dict[tuple[str, str | None], tuple[bytes, int]]] = {False: {}, True: {}}
+_new_tuple = tuple.__new__
+
+
+_HOST_FLAGS: Final = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+
+
+def _header_for(born_addr: bytes, sys_flag: int, store_v6: bool) -> tuple[struct.Struct, int]:
+    """The header layout and SYSFLAG for a message off encode_batch's common path (an IPv6 host,
+    or host flags the producer set, which the store owns)."""
+    if len(born_addr) not in (4, 16):
+        raise InvalidPropertyError("born host address must be 4 or 16 bytes")
+    born_v6 = len(born_addr) == 16
+    sys_flag &= ~_HOST_FLAGS
     if born_v6:
         sys_flag |= SYSFLAG_BORNHOST_V6
     if store_v6:
         sys_flag |= SYSFLAG_STOREHOST_V6
-    hdr = HEADERS[born_v6, store_v6]
-    header = hdr.pack(
-        0,
-        0,
-        zlib.crc32(body) & 0x7FFFFFFF,
-        msg.queue_id,
-        msg.flag,
-        0,
-        0,
-        sys_flag,
-        msg.born_timestamp_ms,
-        msg.born_host[0],
-        msg.born_host[1],
-        0,
-        store_host[0],
-        store_host[1],
-        msg.reconsume_times,
-        msg.prepared_transaction_offset,
-        len(body),
-    )
-    image = b"".join((header, body, prefix, _H.pack(len(props_raw)), props_raw))
-    size = len(image)
-    head = BLANK.pack(size, MAGIC_V1)
-    return EncodedMessage(
-        msg.topic,
-        msg.queue_id,
-        image,
-        size,
-        _STORE_TS_AT_V6_BORN if born_v6 else _STORE_TS_AT,
-        not msg.born_timestamp_ms,
-        record_crc,
-        head,
-        zlib.crc32(head),
-    )
+    return HEADERS[born_v6, store_v6], sys_flag
 
 
-def _record_crc_digits(crc: int) -> bytes:
-    """RocketMQ's MessageDecoder.createCrc32: ten ASCII digits, least significant first."""
-    return str(crc)[::-1].ljust(10, "0").encode()
+def _refuse(m: Message, max_body_bytes: int) -> NoReturn:
+    """The typed error for a message that failed encode_batch's combined range check."""
+    if len(m.body) > max_body_bytes:
+        raise BodyTooLargeError(f"body is {len(m.body)} bytes, at most {max_body_bytes} allowed")
+    if not 0 <= m.queue_id <= _I32_MAX:
+        raise InvalidQueueIdError(f"queue id {m.queue_id} out of range")
+    raise InvalidPropertyError("born port, born timestamp or transaction offset out of range")
 
 
-def write_record(
-    buf: WBuf,
-    pos: int,
-    m: EncodedMessage,
-    queue_offset: int,
-    phy_offset: int,
-    store_timestamp_ms: int,
-) -> None:
-    """Write one prepared record at ``pos`` of a writable buffer (an mmap, or a memoryview of
-    one: the whole-record CRC is then computed without copying).
+def encode_batch(
+    msgs: Sequence[Message],
+    start: int,
+    file_size: int,
+    queue_offsets: Mapping[tuple[str, int], int],
+    now_ms: int,
+    store_host: tuple[bytes, int],
+    max_body_bytes: int,
+    record_crc: bool,
+) -> EncodedBatch:
+    """Validate and encode a batch as records placed from log offset ``start`` on, with blank
+    markers where a record does not fit what is left of a file. Raises a MessageIllegalError
+    subclass on any bad message, before anything is written anywhere.
 
-    TOTALSIZE and MAGICCODE go in last, in one 8-byte store: until then the position reads as
-    zeros (the end of the data), so a writer killed half-way never leaves a record that looks whole.
-    """
-    end = pos + m.size
-    buf[pos:end] = m.image
-    _QUEUE_AND_PHY.pack_into(buf, pos + 20, queue_offset, phy_offset)
-    if m.born_ts_missing:
-        _I64.pack_into(buf, pos + 40, store_timestamp_ms)
-    _I64.pack_into(buf, pos + m.store_ts_at, store_timestamp_ms)
-    if m.record_crc:
-        crc = zlib.crc32(buf[pos + BLANK_SIZE : end - RECORD_CRC_SIZE], m.head_crc)
-        buf[end - 11 : end - 1] = _record_crc_digits(crc & 0x7FFFFFFF)
-    buf[pos : pos + BLANK_SIZE] = m.head
-
-
-def write_blank(buf: WBuf, pos: int, remaining: int) -> None:
-    BLANK.pack_into(buf, pos, remaining, BLANK_MAGIC)
+    This is the put path's whole per-message cost, so it is one loop: header, body and suffix
+    become one bytes object per file (joined once) rather than a copy per field."""
+    store_addr, store_port = store_host
+    store_v6 = len(store_addr) == 16
+    store_flag = SYSFLAG_STOREHOST_V6 if store_v6 else 0
+    hdr_v4 = HEADERS[False, store_v6]
+    crc_len = RECORD_CRC_SIZE - len(_RECORD_CRC_NAME) if record_crc else 0
+    cache = _SUFFIXES[record_crc]
+    crc32 = zlib.crc32
+    spans: list[tuple[int, bytes, bool]] = []
+    parts: list[bytes] = []
+    add = parts.append
+    results: list[AppendResult] = []
+    result = results.append
+    nxt: dict[tuple[str, int], int] = {}
+    pos = span_start = start
+    file_end = start - start % file_size + file_size
+    try:
+        for m in msgs:
+            topic = m.topic
+            qid = m.queue_id
+            if m.keys or m.properties:
+                suffix, suffix_crc = record_suffix(m, record_crc)
+            else:
+                cached = cache.get((topic, m.tags))
+                suffix, suffix_crc = cached or record_suffix(m, record_crc)
+            body = m.body
+            if type(body) is not bytes:
+                body = bytes(body)
+            blen = len(body)
+            born_addr, born_port = m.born_host
+            born_ts = m.born_timestamp_ms
+            sys_flag = m.sys_flag
+            if len(born_addr) == 4 and not sys_flag & _HOST_FLAGS:
+                hdr = hdr_v4
+                sys_flag |= store_flag
+            else:
+                hdr, sys_flag = _header_for(born_addr, sys_flag, store_v6)
+            if not (
+                blen <= max_body_bytes
+                and 0 <= qid <= _I32_MAX
+                and 0 <= born_port <= 65_535
+                and born_ts >= 0
+                and m.prepared_transaction_offset >= 0
+            ):
+                _refuse(m, max_body_bytes)
+            size = hdr.size + blen + len(suffix) + crc_len
+            if pos + size + BLANK_SIZE > file_end:
+                if size + BLANK_SIZE > file_size:
+                    raise BodyTooLargeError(
+                        f"record of {size} bytes cannot fit a CommitLog file of {file_size} bytes"
+                    )
+                if parts:
+                    spans.append((span_start, b"".join(parts), False))
+                    parts.clear()
+                spans.append((pos, BLANK.pack(file_end - pos, BLANK_MAGIC), True))
+                pos = span_start = file_end
+                file_end += file_size
+            key = (topic, qid)
+            qoff = nxt.get(key)
+            if qoff is None:
+                qoff = queue_offsets.get(key, 0)
+            nxt[key] = qoff + 1
+            header = hdr.pack(
+                size, MAGIC_V1, crc32(body) & _MASK, qid, m.flag, qoff, pos, sys_flag,
+                born_ts or now_ms, born_addr, born_port, now_ms, store_addr, store_port,
+                m.reconsume_times, m.prepared_transaction_offset, blen,
+            )  # fmt: skip
+            add(header)
+            add(body)
+            add(suffix)
+            if crc_len:
+                add(_CRC_DIGITS % (crc32(header, suffix_crc) & _MASK))
+            result(_new_tuple(AppendResult, (pos, size, qoff, now_ms, store_host)))
+            pos += size
+    except struct.error:
+        # INT32 FLAG and RECONSUMETIMES, INT64 timestamp and offset: struct checks the ranges.
+        raise InvalidPropertyError("flag, timestamps, offsets or born host out of range") from None
+    if parts:
+        spans.append((span_start, b"".join(parts), False))
+    return EncodedBatch(spans, results, pos, nxt)
 
 
 def encode_record(
@@ -356,12 +435,18 @@ def encode_record(
     max_body_bytes: int = 4 << 20,
     record_crc: bool = False,
 ) -> bytes:
-    """One whole record as bytes (tests, tools); the store writes straight into its mmap instead."""
-    m = prepare(msg, max_body_bytes, store_host, record_crc)
-    buf = bytearray(m.size)
-    with memoryview(buf) as view:
-        write_record(view, 0, m, queue_offset, phy_offset, store_timestamp_ms)
-    return bytes(buf)
+    """One whole record as bytes (tests, tools), by the encoder the store's put path uses."""
+    batch = encode_batch(
+        [msg],
+        phy_offset,
+        1 << 62,
+        {(msg.topic, msg.queue_id): queue_offset},
+        store_timestamp_ms,
+        store_host,
+        max_body_bytes,
+        record_crc,
+    )
+    return batch.spans[0][1]
 
 
 class StoredMessage(NamedTuple):
@@ -495,21 +580,27 @@ def _topic_of(buf: Buf, topic_at: int, props_len_at: int) -> str | None:
 
 def _crc_problem(buf: Buf, pos: int, layout: _Layout, require: bool) -> str | None:
     """Why the CRCs of the record at ``pos`` fail, or None (``layout`` as _layout found it).
-    The whole-record CRC covers every byte but its own 20, body and BODYCRC included, so when it
-    holds the body CRC adds nothing and is not computed again."""
+    tidemq's record CRC covers everything but the body and its own ten digits; the body CRC,
+    inside the header it covers, vouches for the body. RocketMQ's legacy whole-record CRC covers
+    the body too, so when a record carries that one the body CRC adds nothing."""
     fields, body_at, _, _, props_len, end = layout
+    body_end = body_at + fields[16]
     with memoryview(buf) as mv:
-        if props_len >= RECORD_CRC_SIZE and (
-            mv[end - RECORD_CRC_SIZE : end - 11].tobytes() == _RECORD_CRC_PREFIX
-        ):
-            stored = bytes(mv[end - 11 : end - 1])
-            whole = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & 0x7FFFFFFF
-            if stored != _record_crc_digits(whole) or mv[end - 1] != 0x02:
+        name = b""
+        if props_len >= RECORD_CRC_SIZE:
+            name = mv[end - RECORD_CRC_SIZE : end - 11].tobytes()
+        if name == _RECORD_CRC_NAME:
+            crc = zlib.crc32(mv[pos:body_at], zlib.crc32(mv[body_end : end - 11])) & _MASK
+            if mv[end - 11 : end].tobytes() != _CRC_DIGITS % crc:
+                return "record CRC mismatch"
+        elif name == _LEGACY_RECORD_CRC_NAME:
+            crc = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & _MASK
+            if mv[end - 11 : end].tobytes() != str(crc)[::-1].ljust(10, "0").encode() + b"\x02":
                 return "record CRC mismatch"
             return None
-        if require:
+        elif require:
             return "record CRC property missing"
-        if body_crc(mv[body_at : body_at + fields[16]]) != fields[2]:
+        if zlib.crc32(mv[body_at:body_end]) & _MASK != fields[2]:
             return "body CRC mismatch"
     return None
 

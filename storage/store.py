@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from storage.atomic_file import fsync_dir, read_json_with_fallback, write_json_atomic
 from storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from storage.commitlog import AppendResult, CommitLog
+from storage.commitlog import CommitLog
 from storage.config import FlushMode, StoreConfig
 from storage.consume_queue import ConsumeQueue, is_blank
 from storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchListener
@@ -29,7 +29,6 @@ from storage.errors import (
     ConfigError,
     CorruptRecordError,
     DiskFullError,
-    InvalidQueueIdError,
     MessageNotFoundError,
     OffsetBelowMinError,
     OffsetBeyondMaxError,
@@ -42,7 +41,7 @@ from storage.flush import FlushService
 from storage.index_file import IndexService
 from storage.javahash import tag_code
 from storage.lock import StoreLock
-from storage.record import Message, StoredMessage, parse_msg_id, prepare
+from storage.record import AppendResult, Message, StoredMessage, parse_msg_id
 from storage.recovery import EvidenceWriter, RecoveryReport, recover
 from storage.results import PutStatus
 from storage.retention import RetentionDecision, decide, expired_file_count
@@ -284,18 +283,13 @@ class MessageStore:
     def put_messages(self, messages: Sequence[Message]) -> PutResult:
         """Append a batch; all messages are validated before any byte is written."""
         cfg = self.config
-        for m in messages:
-            if not 0 <= m.queue_id < (1 << 31):
-                raise InvalidQueueIdError(f"queue id {m.queue_id} out of range")
-        host = cfg.store_host_packed
-        encoded = [prepare(m, cfg.max_message_body_bytes, host, cfg.record_crc) for m in messages]
-        if not encoded:
+        if not messages:
             return PutResult([], _done(PutStatus.PUT_OK))
         with self._put_lock:
             self._check_writable()
             if self.commitlog.last_write_raw:
                 self._require_aligned_tail()
-            results = self.commitlog.put(encoded)
+            results = self.commitlog.put(messages, cfg.max_message_body_bytes)
             end = self.commitlog.max_offset
         flusher = self._flusher
         assert flusher is not None

@@ -39,7 +39,7 @@ def test_audit_reports_records_topics_and_a_planted_corruption(
             "file_offset": at,
             "phy_offset": victim.phy_offset,
             "bytes": victim.size,
-            "problem": "record CRC mismatch",
+            "problem": "body CRC mismatch",
         }
     ]
     good = [a for a in appended if a is not victim]

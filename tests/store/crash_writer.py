@@ -51,21 +51,26 @@ def arm(failpoint: str, after: int, rng: random.Random) -> None:
 
         evidence_writer.__call__ = evidence_kill
     elif failpoint == "torn-record":
-        real_record = commitlog.write_record
+        real_records = commitlog.write_records
 
-        def torn_record(buf: Any, pos: int, m: Any, *rest: Any) -> None:
+        def torn_records(buf: Any, pos: int, data: bytes) -> None:
+            # ``data`` is whole records back to back: write the first ``left`` of them whole and
+            # a random prefix of the next, as a kill in the middle of the copy would.
             nonlocal left
-            if left > 0:
-                left -= 1
-                real_record(buf, pos, m, *rest)
-                return
-            whole = bytearray(m.size)
-            real_record(whole, 0, m, *rest)
-            k = rng.randint(1, m.size - 1)
-            buf[pos : pos + k] = whole[:k]
-            die(f"torn {rest[1]} {k} {int(any(whole[:k]))}")
+            at = 0
+            while at < len(data):
+                size = int.from_bytes(data[at : at + 4], "big")
+                if left > 0:
+                    left -= 1
+                    at += size
+                    continue
+                k = rng.randint(1, size - 1)
+                buf[pos : pos + at + k] = data[: at + k]
+                phy = int.from_bytes(data[at + 28 : at + 36], "big")
+                die(f"torn {phy} {k} {int(any(data[at : at + k]))}")
+            real_records(buf, pos, data)
 
-        commitlog.write_record = torn_record
+        commitlog.write_records = torn_records
     elif failpoint == "after-blank":
         real_blank = commitlog.write_blank
 

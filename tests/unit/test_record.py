@@ -9,6 +9,7 @@ from storage.errors import (
     BodyTooLargeError,
     InvalidMessageIdError,
     InvalidPropertyError,
+    InvalidQueueIdError,
     InvalidTopicError,
     PropertiesTooLargeError,
 )
@@ -25,7 +26,6 @@ from storage.record import (
     encode_record,
     make_msg_id,
     parse_msg_id,
-    prepare,
     read_record,
     write_blank,
 )
@@ -138,10 +138,9 @@ def test_read_record_decodes_what_check_record_accepts_and_names_what_it_refuses
     rec = encode_record(msg, 3, 100, 1, HOST, record_crc=record_crc)
     assert read_record(rec, 0, len(rec), 100, record_crc) == decode_record(rec)
     flipped = bytearray(rec)
-    flipped[88] ^= 0x01  # first body byte: caught by whichever CRC covers it
-    expected = "record CRC mismatch" if record_crc else "body CRC mismatch"
-    assert check_record(flipped, 0, len(flipped), True, 100) == (CORRUPT, expected)
-    assert read_record(flipped, 0, len(flipped), 100, record_crc) == expected
+    flipped[88] ^= 0x01  # first body byte: the body CRC vouches for the body either way
+    assert check_record(flipped, 0, len(flipped), True, 100) == (CORRUPT, "body CRC mismatch")
+    assert read_record(flipped, 0, len(flipped), 100, record_crc) == "body CRC mismatch"
     assert "PHYSICALOFFSET" in str(read_record(rec, 0, len(rec), 200, record_crc))
     assert "bytes left" in str(read_record(rec, 0, 4, 100, record_crc))
     if not record_crc:
@@ -181,35 +180,78 @@ def test_msg_id_is_host_port_offset_in_uppercase_hex() -> None:
 )
 def test_topic_rules(topic: str, ok: bool) -> None:
     if ok:
-        prepare(Message(topic, b""), 10, HOST)
+        encode_record(Message(topic, b""), 0, 0, 1, HOST)
     else:
         with pytest.raises(InvalidTopicError):
-            prepare(Message(topic, b""), 10, HOST)
+            encode_record(Message(topic, b""), 0, 0, 1, HOST)
 
 
-def test_limits() -> None:
-    with pytest.raises(BodyTooLargeError):
-        prepare(Message("t", b"x" * 11), 10, HOST)
-    prepare(Message("t", b"x" * 10), 10, HOST)
-    with pytest.raises(PropertiesTooLargeError):
-        prepare(Message("t", b"", properties={"p": "v" * 32_767}), 10, HOST)
-    with pytest.raises(InvalidPropertyError):
-        prepare(Message("t", b"", properties={"p": "a\x01b"}), 10, HOST)
-    with pytest.raises(InvalidPropertyError):
-        prepare(Message("t", b"", keys=["has space"]), 10, HOST)
-    with pytest.raises(InvalidPropertyError):
-        prepare(Message("t", b"", properties={"__CRC32#": "0123456789"}), 10, HOST)
+@pytest.mark.parametrize(
+    ("msg", "error"),
+    [
+        (Message("t", b"x" * 11), BodyTooLargeError),
+        (Message("t", b"", properties={"p": "v" * 32_767}), PropertiesTooLargeError),
+        (Message("t", b"", properties={"p": "a\x01b"}), InvalidPropertyError),
+        (Message("t", b"", tags="a\x02b"), InvalidPropertyError),
+        (Message("t", b"", keys=["has space"]), InvalidPropertyError),
+        (Message("t", b"", keys=[""]), InvalidPropertyError),
+        (Message("t", b"", properties={"__CRC32H": "0123456789"}), InvalidPropertyError),
+        (Message("t", b"", properties={"__CRC32#": "0123456789"}), InvalidPropertyError),
+        (Message("t", b"", queue_id=-1), InvalidQueueIdError),
+        (Message("t", b"", queue_id=1 << 31), InvalidQueueIdError),
+        (Message("t", b"", flag=1 << 31), InvalidPropertyError),
+        (Message("t", b"", reconsume_times=-(1 << 31) - 1), InvalidPropertyError),
+        (Message("t", b"", born_timestamp_ms=-1), InvalidPropertyError),
+        (Message("t", b"", born_timestamp_ms=1 << 63), InvalidPropertyError),
+        (Message("t", b"", prepared_transaction_offset=-1), InvalidPropertyError),
+        (Message("t", b"", born_host=(b"\x7f\x00\x00", 1)), InvalidPropertyError),
+        (Message("t", b"", born_host=(b"\x7f\x00\x00\x01", 65_536)), InvalidPropertyError),
+    ],
+)
+def test_limits_refuse_with_typed_errors(msg: Message, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        encode_record(msg, 0, 0, 1, HOST, max_body_bytes=10, record_crc=True)
 
 
-def test_whole_record_crc_property_layout() -> None:
+def test_limits_are_inclusive() -> None:
+    encode_record(Message("t", b"x" * 10), 0, 0, 1, HOST, max_body_bytes=10)
+    props = {"p": "v" * (32_767 - 4)}  # "p" 0x01 value 0x02: exactly 32,767 bytes
+    encode_record(Message("t", b"", properties=props), 0, 0, 1, HOST)
+    with pytest.raises(PropertiesTooLargeError):  # the record CRC needs 20 of them
+        encode_record(Message("t", b"", properties=props), 0, 0, 1, HOST, record_crc=True)
+
+
+def test_record_crc_property_layout() -> None:
     rec = encode_record(Message("FooBar", BODY), 0, 0, 1, HOST, record_crc=True)
     assert len(rec) == 129 + 20
     tail = rec[-20:]
-    assert tail[:9] == b"__CRC32#\x01" and tail[-1:] == b"\x02"
-    crc = zlib.crc32(rec[:-20]) & 0x7FFFFFFF
-    assert tail[9:19] == str(crc)[::-1].ljust(10, "0").encode()  # least significant digit first
+    assert tail[:9] == b"__CRC32H\x01" and tail[-1:] == b"\x02"
+    body_at = 88
+    covered = rec[body_at + len(BODY) : -11] + rec[:body_at]  # topic .. name 0x01, then header
+    crc = zlib.crc32(covered) & 0x7FFFFFFF
+    assert tail[9:19] == b"%010d" % crc  # most significant digit first
     assert struct.unpack_from(">h", rec, len(rec) - 22)[0] == 20  # it is a property like others
+    assert "__CRC32H" not in decode_record(rec).properties
+
+
+def _with_legacy_crc(msg: Message) -> bytes:
+    """The record as earlier tidemq builds wrote it: RocketMQ's whole-record __CRC32# property."""
+    rec = bytearray(encode_record(msg, 0, 0, 1, HOST, record_crc=True))
+    rec[-20:-11] = b"__CRC32#\x01"
+    crc = zlib.crc32(rec[:-20]) & 0x7FFFFFFF
+    rec[-11:-1] = str(crc)[::-1].ljust(10, "0").encode()  # least significant digit first
+    return bytes(rec)
+
+
+def test_legacy_whole_record_crc_is_still_checked() -> None:
+    rec = _with_legacy_crc(Message("FooBar", BODY, tags="TAG1"))
+    assert check_record(rec, 0, len(rec), True, 0, require_record_crc=True)[0] == OK
     assert "__CRC32#" not in decode_record(rec).properties
+    for at in range(8, len(rec)):
+        damaged = bytearray(rec)
+        damaged[at] ^= 0x20
+        status, _ = check_record(damaged, 0, len(damaged), True, 0, require_record_crc=True)
+        assert status != OK, f"a flipped byte at {at} went unnoticed"
 
 
 def test_record_crc_catches_damage_in_any_byte_the_body_crc_misses() -> None:
