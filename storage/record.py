@@ -34,9 +34,10 @@ digits are zlib.crc32 & 0x7FFFFFFF of everything after the body up to and includ
 property's 0x01, continued over the header (TOTALSIZE through BODY LENGTH). It leaves the body
 out because BODYCRC, which it covers, already vouches for the body: every byte is covered, and
 a put computes one CRC over the body, not two. The part after the body comes first because it is
-the same for many messages (topic and tags), so its CRC is computed once and cached. RocketMQ's ``__CRC32#`` (enabledAppendPropCRC: the same
-20 bytes, digits least significant first, over every byte before the property) is still checked
-where a record carries it: earlier tidemq builds wrote it.
+the same for many messages (topic and tags), so its CRC is computed once and cached.
+RocketMQ's ``__CRC32#`` (enabledAppendPropCRC: the same 20 bytes, digits least significant
+first, over every byte before the property) is still checked where a record carries it: earlier
+tidemq builds wrote it.
 
 Offset message id: store address + store port (int32) + PHYSICALOFFSET (int64), as uppercase hex:
 32 characters for an IPv4 store host.
