@@ -30,6 +30,8 @@ from storage.record import (
 
 log = logging.getLogger(__name__)
 
+_INDEX_BATCH = 1024  # messages with keys gathered before their index entries are written
+
 DispatchListener = Callable[[str, int, int], None]
 """Called with (topic, queue id, new max queue offset) after new entries become readable."""
 
@@ -138,29 +140,45 @@ class Dispatcher:
         """
         cl = self.commitlog
         touched: dict[tuple[str, int], int] = {}
+        # Index work is gathered and done in batches: one lock and one header write per batch
+        # instead of per message. ``first`` is where the gathered messages start.
+        keyed: list[tuple[str, int, int, list[bytes]]] = []
+        first = self.offset
         count = 0
         self.stopped_at = None
         verify = cl.trusted_end if verify_from is None else verify_from
-        for at, status, info in cl.iter_records(self.offset, end, verify):
-            if status == OK:
-                assert isinstance(info, RecordInfo)
-                self._apply(info, allow_prefill, touched)
-                self.offset = at + info.size
-                if at >= cl.trusted_end:
-                    cl.trusted_end = self.offset
-                count += 1
-                if max_records is not None and count >= max_records:
+        try:
+            for at, status, info in cl.iter_records(self.offset, end, verify):
+                if status == OK:
+                    assert isinstance(info, RecordInfo)
+                    if not keyed:
+                        first = at
+                    self._apply(info, allow_prefill, touched, keyed)
+                    self.offset = at + info.size
+                    if at >= cl.trusted_end:
+                        cl.trusted_end = self.offset
+                    count += 1
+                    if len(keyed) >= _INDEX_BATCH:
+                        self._index(keyed)
+                    if max_records is not None and count >= max_records:
+                        break
+                elif status == END_OF_FILE:
+                    self.offset = at - at % cl.file_size + cl.file_size
+                    if at >= cl.trusted_end:
+                        cl.trusted_end = self.offset
+                else:
+                    self.stopped_at = (at, status, str(info))
+                    if status == CORRUPT and (self.error is None or self.error.offset != at):
+                        self.error = CorruptRecordError(at, str(info))
+                        log.error("dispatch stopped before a corrupt record: %s", self.error)
                     break
-            elif status == END_OF_FILE:
-                self.offset = at - at % cl.file_size + cl.file_size
-                if at >= cl.trusted_end:
-                    cl.trusted_end = self.offset
-            else:
-                self.stopped_at = (at, status, str(info))
-                if status == CORRUPT and (self.error is None or self.error.offset != at):
-                    self.error = CorruptRecordError(at, str(info))
-                    log.error("dispatch stopped before a corrupt record: %s", self.error)
-                break
+            self._index(keyed)
+        except BaseException:
+            if keyed:
+                # Their queue entries are written but not their keys: dispatch them again
+                # (queue entries are idempotent) rather than leave them unindexed.
+                self.offset = first
+            raise
         for (topic, qid), max_q in touched.items():
             for listener in self.listeners:
                 try:
@@ -169,8 +187,18 @@ class Dispatcher:
                     log.exception("dispatch listener %r failed", listener)
         return count
 
+    def _index(self, keyed: list[tuple[str, int, int, list[bytes]]]) -> None:
+        if keyed:
+            assert self.index is not None
+            self.index.build_index_many(keyed)
+            keyed.clear()
+
     def _apply(
-        self, info: RecordInfo, allow_prefill: bool, touched: dict[tuple[str, int], int]
+        self,
+        info: RecordInfo,
+        allow_prefill: bool,
+        touched: dict[tuple[str, int], int],
+        keyed: list[tuple[str, int, int, list[bytes]]],
     ) -> None:
         tx = info.sys_flag & TRANSACTION_MASK
         if tx not in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
@@ -186,10 +214,8 @@ class Dispatcher:
             if table.get(key, 0) <= info.queue_offset:
                 table[key] = info.queue_offset + 1
         if self.index is not None and tx != TRANSACTION_ROLLBACK and (info.keys or info.uniq_key):
-            keys: list[str] = []
-            if info.uniq_key:
-                keys.append(info.uniq_key.decode("utf-8", "replace"))
+            keys = [info.uniq_key] if info.uniq_key else []
             if info.keys:
-                keys.extend(k for k in info.keys.decode("utf-8", "replace").split(" ") if k)
-            self.index.build_index(info.topic, info.phy_offset, info.store_timestamp_ms, keys)
+                keys += info.keys.split(b" ")
+            keyed.append((info.topic, info.phy_offset, info.store_timestamp_ms, keys))
         self.last_store_timestamp_ms = info.store_timestamp_ms

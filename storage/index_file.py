@@ -50,7 +50,7 @@ from datetime import UTC, datetime, timedelta
 
 from storage.atomic_file import fsync_dir
 from storage.errors import ConfigError, CorruptStoreError, DiskFullError, StoreClosedError
-from storage.javahash import index_key_hash
+from storage.javahash import index_key_hash, topic_key_hash
 
 _HEADER = struct.Struct(">qqqqii")
 # Everything but indexCount, which is written on its own and last: it is the commit point.
@@ -192,7 +192,7 @@ class IndexFile:
         value: int = _I32.unpack_from(self._mm, pos)[0]
         return value
 
-    def _write_header(self) -> None:
+    def write_header(self) -> None:
         body = _HEADER_BODY.pack(
             self._begin_ts, self._end_ts, self._begin_phy, self._end_phy, self._slot_count
         )
@@ -211,9 +211,18 @@ class IndexFile:
         return self.put_keys((key,), phy_offset, store_timestamp_ms) == 1
 
     def put_keys(self, keys: Sequence[str], phy_offset: int, store_timestamp_ms: int) -> int:
-        """Index one message's keys (each already "topic#key"); returns how many fit.
+        """Index one message's keys (each already "topic#key"); returns how many fit."""
+        hashes = [index_key_hash(k) for k in keys]
+        put = self.put_hashes(hashes, phy_offset, store_timestamp_ms)
+        if put:
+            self.write_header()
+        return put
 
-        Each entry is written before its slot; the header (indexCount last) once at the end. A
+    def put_hashes(self, hashes: Sequence[int], phy_offset: int, store_timestamp_ms: int) -> int:
+        """Index one message's key hashes; returns how many fit. The header is the caller's to
+        write (``write_header``), once for however many messages it puts in a row.
+
+        Each entry is written before its slot, and the header (indexCount last) after them. A
         kill in between leaves entries past indexCount, which ``repair_torn`` undoes."""
         n = self._count
         if n > 1 and phy_offset < self._end_phy:
@@ -228,10 +237,9 @@ class IndexFile:
         slots = self._slot_num
         entries_at = self._entries_at
         put = 0
-        for key in keys:
+        for key_hash in hashes:
             if n >= self._max:
                 break
-            key_hash = index_key_hash(key)
             slot_pos = HEADER_SIZE + (key_hash % slots) * SLOT_SIZE
             head = _I32.unpack_from(mm, slot_pos)[0]
             _ENTRY.pack_into(
@@ -251,7 +259,6 @@ class IndexFile:
             self._end_ts = self._begin_ts + diff * 1000
             self._end_phy = phy_offset
             self._count = n
-            self._write_header()
         return put
 
     def select(self, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:
@@ -303,7 +310,7 @@ class IndexFile:
         self._slot_count -= sum(1 for pos, v in heads.items() if v == 0 and self._slot(pos) != 0)
         self._count = first
         self._set_end_from_last_entry()
-        self._write_header()
+        self.write_header()
         for n in range(old - 1, first - 1, -1):
             key_hash, _, _, prev = self._entry(n)
             pos = self._slot_at(key_hash)
@@ -339,7 +346,7 @@ class IndexFile:
             slots = array("i", self._mm[HEADER_SIZE : self._entries_at])
             self._slot_count = self._slot_num - slots.count(0)
             self._set_end_from_last_entry()
-            self._write_header()
+            self.write_header()
         return cleaned
 
     def flush(self) -> None:
@@ -466,28 +473,54 @@ class IndexService:
         self, topic: str, phy_offset: int, store_timestamp_ms: int, keys: Sequence[str]
     ) -> None:
         """Index one message's keys (UNIQ_KEY and the KEYS values); replays are no-ops."""
+        self.build_index_many([(topic, phy_offset, store_timestamp_ms, [k.encode() for k in keys])])
+
+    def build_index_many(self, messages: Sequence[tuple[str, int, int, Sequence[bytes]]]) -> None:
+        """Index many messages' keys, (topic, offset, store timestamp, keys as stored) each, in
+        log order; replays are no-ops. Headers are written once, at the end (dispatch's way)."""
         with self._lock:
-            full_keys = [f"{topic}#{k}" for k in keys if k]
-            newest = self._newest_with_entries()
-            if newest is not None and phy_offset <= newest.end_phy_offset:
-                if phy_offset < newest.end_phy_offset:
-                    return
-                # The last message may have been cut short by a kill between two of its keys;
-                # keys go in in order, so the ones already there are a prefix.
-                full_keys = full_keys[self._entries_at_offset(phy_offset) :]
             files = self._open_files()
-            while full_keys:
-                f = files[-1] if files else self._create(phy_offset, store_timestamp_ms)
-                put = f.put_keys(full_keys, phy_offset, store_timestamp_ms)
-                full_keys = full_keys[put:]
-                if not full_keys:
-                    break
-                # Nothing writes to a full file again, so this is its last flush.
-                f.flush()
-                f = self._create(f.end_phy_offset, f.end_timestamp)
-                if not f.put_keys(full_keys[:1], phy_offset, store_timestamp_ms):
-                    raise AssertionError(f"fresh index file {f.path} refused a key")
-                full_keys = full_keys[1:]
+            dirty: list[IndexFile] = []
+            try:
+                for topic, phy_offset, store_timestamp_ms, keys in messages:
+                    hashes = [topic_key_hash(topic, k) for k in keys if k]
+                    if hashes:
+                        self._put(files, hashes, phy_offset, store_timestamp_ms, dirty)
+            finally:
+                for f in dirty:
+                    f.write_header()
+
+    def _put(
+        self,
+        files: list[IndexFile],
+        hashes: list[int],
+        phy_offset: int,
+        store_timestamp_ms: int,
+        dirty: list[IndexFile],
+    ) -> None:
+        newest = files[-1] if files and files[-1].index_count > 1 else self._newest_with_entries()
+        if newest is not None and phy_offset <= newest.end_phy_offset:
+            if phy_offset < newest.end_phy_offset:
+                return
+            # The last message may have been cut short by a kill between two of its keys;
+            # keys go in in order, so the ones already there are a prefix.
+            hashes = hashes[self._entries_at_offset(phy_offset) :]
+        while hashes:
+            f = files[-1] if files else self._create(phy_offset, store_timestamp_ms)
+            if not dirty or dirty[-1] is not f:
+                dirty.append(f)
+            put = f.put_hashes(hashes, phy_offset, store_timestamp_ms)
+            hashes = hashes[put:]
+            if not hashes:
+                break
+            # Nothing writes to a full file again, so this is its last flush.
+            f.write_header()
+            f.flush()
+            f = self._create(f.end_phy_offset, f.end_timestamp)
+            dirty.append(f)
+            if not f.put_hashes(hashes[:1], phy_offset, store_timestamp_ms):
+                raise AssertionError(f"fresh index file {f.path} refused a key")
+            hashes = hashes[1:]
 
     def query(self, topic: str, key: str, max_num: int, begin_ms: int, end_ms: int) -> list[int]:
         """Offsets of messages whose key hash matches, newest first; collisions included."""

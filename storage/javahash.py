@@ -61,3 +61,23 @@ def index_key_hash(key: str) -> int:
     if h == -(1 << 31):
         return 0
     return abs(h)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_prefix_hash(topic: str) -> int:
+    """The unsigned Java hash of ``topic + "#"``, where every index key of the topic starts."""
+    return java_hash(topic + "#") & _MASK
+
+
+def topic_key_hash(topic: str, key: bytes) -> int:
+    """``index_key_hash(topic + "#" + key)`` for a key as a record stores it (UTF-8), without
+    building the string: the hash of ``topic#`` is cached per topic and carried forward by
+    31**len(key), so only the key's own units are summed."""
+    n = len(key)
+    if n > _TABLE_LEN or not key.isascii():
+        return index_key_hash(f"{topic}#{key.decode('utf-8', 'replace')}")
+    units: int = sum(map(operator.mul, reversed(key), _POW_REV))
+    h = (_topic_prefix_hash(topic) * _POW_REV[n] + units) & _MASK
+    if h == 0x80000000:
+        return 0
+    return (1 << 32) - h if h & 0x80000000 else h

@@ -567,7 +567,7 @@ def test_a_message_being_dispatched_is_never_reported_corrupt(
     try:
         index = s.index
         assert index is not None
-        real_build_index = index.build_index
+        real_build_index = index.build_index_many
 
         def read_tail() -> None:
             try:
@@ -578,16 +578,16 @@ def test_a_message_being_dispatched_is_never_reported_corrupt(
                 outcomes.append(f"{type(e).__name__}: {e}")
 
         def build_index_with_a_reader(
-            topic: str, phy: int, ts: int, keys: Sequence[str]
+            messages: Sequence[tuple[str, int, int, Sequence[bytes]]],
         ) -> None:  # runs in the dispatch thread, between queue entry and readable offset
-            if topic == "probe" and not outcomes:
+            if any(m[0] == "probe" for m in messages) and not outcomes:
                 reader = threading.Thread(target=read_tail)
                 reader.start()
                 reader.join(30)
                 assert not reader.is_alive()
-            real_build_index(topic, phy, ts, keys)
+            real_build_index(messages)
 
-        monkeypatch.setattr(index, "build_index", build_index_with_a_reader)
+        monkeypatch.setattr(index, "build_index_many", build_index_with_a_reader)
         r = s.put_messages([Message("probe", b"fresh", keys=["k"])])
         assert r.wait(30) is PutStatus.PUT_OK
         assert s.wait_dispatched(s.commitlog.max_offset, 30)

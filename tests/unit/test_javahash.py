@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.javahash import index_key_hash, java_hash, tag_code
+from storage.javahash import index_key_hash, java_hash, tag_code, topic_key_hash
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +43,24 @@ def test_index_key_hash_maps_min_value_to_zero() -> None:
 @given(st.text(max_size=700))
 def test_matches_reference_including_surrogates_and_long_strings(text: str) -> None:
     assert java_hash(text) == reference(text)
+
+
+@given(
+    st.from_regex(r"[%|a-zA-Z0-9_-]{1,20}", fullmatch=True),
+    st.text(max_size=300) | st.text(alphabet="0123456789ABCDEF", min_size=32, max_size=32),
+)
+def test_topic_key_hash_is_the_hash_of_topic_hash_key(topic: str, key: str) -> None:
+    raw = key.encode("utf-8", "surrogatepass")
+    expected = index_key_hash(f"{topic}#{raw.decode('utf-8', 'replace')}")
+    assert topic_key_hash(topic, raw) == expected
+
+
+def test_topic_key_hash_maps_min_value_to_zero() -> None:
+    # A 7-character key that brings "t#" + key to Integer.MIN_VALUE: characters 64 + d with
+    # base-31 digits d, and 31**7 > 2**32 so every residue has such digits.
+    weights = [31**k for k in range(7)]
+    target = (0x80000000 - java_hash("t#") * 31**7 - 64 * sum(weights)) % (1 << 32)
+    digits = [(target // w) % 31 for w in reversed(weights)]
+    key = bytes(64 + d for d in digits)
+    assert java_hash("t#" + key.decode()) == -(1 << 31)
+    assert topic_key_hash("t", key) == index_key_hash("t#" + key.decode()) == 0
