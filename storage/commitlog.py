@@ -10,7 +10,6 @@ created before the first byte is written, so a full disk fails the batch cleanly
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import time
@@ -44,13 +43,13 @@ from storage.record import (
 _I64 = struct.Struct(">q")
 
 
-def write_records(buf: mmap.mmap, pos: int, data: bytes) -> None:
-    """Write whole records at ``pos``: all but the first record's TOTALSIZE and MAGICCODE, then
-    those 8 bytes. Until the last store the span starts with zeros (the end of the data), so a
-    writer killed half-way never leaves a record that looks whole."""
+def write_records(f: MappedFile, pos: int, data: bytes) -> None:
+    """Write whole records at ``pos`` of ``f``: all but the first record's TOTALSIZE and
+    MAGICCODE, then those 8 bytes. Until the last write the span starts with zeros (the end of
+    the data), so a writer killed half-way never leaves a record that looks whole."""
     with memoryview(data) as view:
-        buf[pos + BLANK_SIZE : pos + len(data)] = view[BLANK_SIZE:]
-        buf[pos : pos + BLANK_SIZE] = view[:BLANK_SIZE]
+        f.write_at(pos + BLANK_SIZE, view[BLANK_SIZE:])
+        f.write_at(pos, view[:BLANK_SIZE])
 
 
 def _now_ms() -> int:
@@ -120,7 +119,7 @@ class CommitLog:
                 write_blank(f.mm, pos, f.size - pos)
                 f.wrote = f.size
             else:
-                write_records(f.mm, pos, data)
+                write_records(f, pos, data)
                 f.wrote = pos + len(data)
         self.topic_queue_table.update(batch.queue_offsets)
         self.last_store_timestamp_ms = now

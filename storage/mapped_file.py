@@ -61,6 +61,19 @@ class MappedFile:
         f.flushed = 0
         return f
 
+    def write_at(self, pos: int, data: bytes | memoryview) -> None:
+        """Write ``data`` at ``pos`` through the file descriptor, not the mapping: the pages are
+        the same page-cache pages readers map, but ``pwrite`` takes no page fault per page and
+        releases the GIL while it copies."""
+        if pos < 0 or pos + len(data) > self.size:
+            raise ValueError(f"write of {len(data)} bytes at {pos} outside {self.path}")
+        with memoryview(data) as whole:
+            rest = whole
+            while rest:  # a regular file writes short only when a signal interrupts it
+                n = os.pwrite(self._fd, rest, pos)
+                pos += n
+                rest = rest[n:]
+
     def warm(self, pos: int, buf: bytearray) -> bool:
         """Read ``len(buf)`` bytes from ``pos`` into the page cache (see storage.warm); False if
         the file is closed. ``preadv`` releases the GIL, so a warming thread costs writers

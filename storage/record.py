@@ -699,8 +699,18 @@ def decode_record(buf: Buf, pos: int = 0) -> StoredMessage:
     return _stored(fields, topic, fields[0], body, props)
 
 
+_host_hex: dict[tuple[bytes, int], str] = {}
+
+
 def make_msg_id(store_host: tuple[bytes, int], phy_offset: int) -> str:
-    return (store_host[0] + struct.pack(">iq", store_host[1], phy_offset)).hex().upper()
+    # One id per sent and per pulled message, from few distinct hosts: the host part is cached.
+    prefix = _host_hex.get(store_host)
+    if prefix is None:
+        prefix = (store_host[0] + struct.pack(">i", store_host[1])).hex().upper()
+        if len(_host_hex) >= 4_096:
+            _host_hex.clear()
+        _host_hex[store_host] = prefix
+    return f"{prefix}{phy_offset:016X}"
 
 
 def parse_msg_id(msg_id: str) -> tuple[tuple[bytes, int], int]:

@@ -53,7 +53,7 @@ def arm(failpoint: str, after: int, rng: random.Random) -> None:
     elif failpoint == "torn-record":
         real_records = commitlog.write_records
 
-        def torn_records(buf: Any, pos: int, data: bytes) -> None:
+        def torn_records(f: Any, pos: int, data: bytes) -> None:
             # ``data`` is whole records back to back: write the first ``left`` of them whole and
             # a random prefix of the next, as a kill in the middle of the copy would.
             nonlocal left
@@ -65,10 +65,10 @@ def arm(failpoint: str, after: int, rng: random.Random) -> None:
                     at += size
                     continue
                 k = rng.randint(1, size - 1)
-                buf[pos : pos + at + k] = data[: at + k]
+                f.write_at(pos, data[: at + k])
                 phy = int.from_bytes(data[at + 28 : at + 36], "big")
                 die(f"torn {phy} {k} {int(any(data[at : at + k]))}")
-            real_records(buf, pos, data)
+            real_records(f, pos, data)
 
         commitlog.write_records = torn_records
     elif failpoint == "after-blank":
