@@ -166,7 +166,7 @@ class CommitLog:
         while view:
             f = self.mfq.file_for_append(off)
             n = min(len(view), f.remaining)
-            f.mm[f.wrote : f.wrote + n] = view[:n]
+            f.write_at(f.wrote, view[:n])
             f.wrote += n
             off += n
             view = view[n:]

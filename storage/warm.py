@@ -3,7 +3,7 @@ differently).
 
 On this kind of machine the first write to a page of a fresh, preallocated file costs far more
 than the copy itself: the kernel allocates a page-cache page for it (and the hypervisor backs
-that memory) inside the page fault, with the writer holding the GIL. Measured on 1 KiB records:
+that memory) inside the write, with the writer waiting for it. Measured on 1 KiB records:
 about 0.5-2.5 us per record cold against 0.2 us once the page is in the cache; it was the
 largest single cost of a put.
 
