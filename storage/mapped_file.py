@@ -36,6 +36,9 @@ def allocate(path: str, size: int) -> None:
     os.close(fd)
 
 
+PWRITE_MIN_BYTES = 64 << 10
+
+
 class MappedFile:
     def __init__(self, path: str, size: int, base_offset: int, *, writable: bool = True) -> None:
         actual = os.path.getsize(path)
@@ -62,11 +65,16 @@ class MappedFile:
         return f
 
     def write_at(self, pos: int, data: bytes | memoryview) -> None:
-        """Write ``data`` at ``pos`` through the file descriptor, not the mapping: the pages are
-        the same page-cache pages readers map, but ``pwrite`` takes no page fault per page and
-        releases the GIL while it copies."""
+        """Write ``data`` at ``pos``. A large write goes through the file descriptor: the pages
+        are the same page-cache pages readers map, but ``pwrite`` takes no page fault per page
+        and releases the GIL while it copies. A small one is a copy into the mapping: giving up
+        the GIL for a few KiB would cost more than the copy (a thread that gives it up waits
+        for it again behind every busy thread, with the put lock held)."""
         if pos < 0 or pos + len(data) > self.size:
             raise ValueError(f"write of {len(data)} bytes at {pos} outside {self.path}")
+        if len(data) < PWRITE_MIN_BYTES:
+            self.mm[pos : pos + len(data)] = data
+            return
         with memoryview(data) as whole:
             rest = whole
             while rest:  # a regular file writes short only when a signal interrupts it
