@@ -85,9 +85,6 @@ class CommitLog:
         return self.mfq.max_offset
 
     # ----------------------------------------------------------------- append
-    def max_record_size(self) -> int:
-        return self.file_size - BLANK_SIZE
-
     def put(self, msgs: Sequence[Message], max_body_bytes: int) -> list[AppendResult]:
         """Validate, encode and append a batch; the caller holds the store's put lock.
 

@@ -235,8 +235,8 @@ class AppendResult(NamedTuple):
 class EncodedBatch(NamedTuple):
     """A batch encoded for its place in the log, not yet written anywhere."""
 
-    # (offset, bytes, fills_file): whole records back to back, or one blank marker that ends its
-    # file (fills_file). In log order; each span lies inside one file.
+    # (offset, records, fills_file): whole records back to back, or (fills_file, no bytes) the
+    # place of a blank marker that ends its file. In log order; each span lies inside one file.
     spans: list[tuple[int, bytes, bool]]
     results: list[AppendResult]
     end: int  # the log's end after the batch
@@ -399,7 +399,7 @@ def encode_batch(
                 if parts:
                     spans.append((span_start, b"".join(parts), False))
                     parts.clear()
-                spans.append((pos, BLANK.pack(file_end - pos, BLANK_MAGIC), True))
+                spans.append((pos, b"", True))
                 pos = span_start = file_end
                 file_end += file_size
             key = (topic, qid)
