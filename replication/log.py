@@ -18,11 +18,11 @@ fetches again at most one file of bytes it already had.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Protocol
 
 from storage.commitlog import CommitLog
+from storage.crc import crc32
 from storage.errors import OffsetBelowMinError
 from storage.record import OK, RecordInfo
 
@@ -76,7 +76,7 @@ class CommitLogView:
                 data = self._cl.read_raw(offset, min(_READ_BYTES, end - offset))
                 if not data:
                     return None
-                crc = zlib.crc32(data, crc)
+                crc = crc32(data, crc)
                 offset += len(data)
         except OffsetBelowMinError:  # retention deleted the file while we read it
             return None

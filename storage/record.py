@@ -5,7 +5,7 @@ Every integer is big-endian. With IPv4 hosts and the V1 magic a record is::
     off  size  field
       0     4  TOTALSIZE            whole record, this field included
       4     4  MAGICCODE            V1 0xDAA320A7 | V2 0xDAA320AB (2-byte topic length)
-      8     4  BODYCRC              zlib.crc32(body) & 0x7FFFFFFF
+      8     4  BODYCRC              crc32(body) & 0x7FFFFFFF
      12     4  QUEUEID
      16     4  FLAG
      20     8  QUEUEOFFSET          entry number in the ConsumeQueue
@@ -48,11 +48,11 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, NoReturn
 
+from storage.crc import crc32
 from storage.errors import (
     BodyTooLargeError,
     InvalidMessageIdError,
@@ -117,7 +117,7 @@ _HEADER_V4: Final = HEADERS[False, False]
 
 
 def body_crc(body: bytes | memoryview) -> int:
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 _valid_topics: dict[str, bytes] = {}
@@ -292,7 +292,7 @@ def record_suffix(msg: Message, record_crc: bool) -> tuple[bytes, int]:
         )
     else:
         suffix = b"".join((prefix, _H.pack(len(props_raw)), props_raw))
-    encoded = (suffix, zlib.crc32(suffix))
+    encoded = (suffix, crc32(suffix))
     if plain:
         if len(cache) >= 4_096:
             cache.clear()
@@ -352,7 +352,6 @@ def encode_batch(
     hdr_v4 = HEADERS[False, store_v6]
     crc_len = RECORD_CRC_SIZE - len(_RECORD_CRC_NAME) if record_crc else 0
     cache = _SUFFIXES[record_crc]
-    crc32 = zlib.crc32
     spans: list[tuple[int, bytes, bool]] = []
     parts: list[bytes] = []
     add = parts.append
@@ -591,17 +590,17 @@ def _crc_problem(buf: Buf, pos: int, layout: _Layout, require: bool) -> str | No
         if props_len >= RECORD_CRC_SIZE:
             name = mv[end - RECORD_CRC_SIZE : end - 11].tobytes()
         if name == _RECORD_CRC_NAME:
-            crc = zlib.crc32(mv[pos:body_at], zlib.crc32(mv[body_end : end - 11])) & _MASK
+            crc = crc32(mv[pos:body_at], crc32(mv[body_end : end - 11])) & _MASK
             if mv[end - 11 : end].tobytes() != _CRC_DIGITS % crc:
                 return "record CRC mismatch"
         elif name == _LEGACY_RECORD_CRC_NAME:
-            crc = zlib.crc32(mv[pos : end - RECORD_CRC_SIZE]) & _MASK
+            crc = crc32(mv[pos : end - RECORD_CRC_SIZE]) & _MASK
             if mv[end - 11 : end].tobytes() != str(crc)[::-1].ljust(10, "0").encode() + b"\x02":
                 return "record CRC mismatch"
             return None
         elif require:
             return "record CRC property missing"
-        if zlib.crc32(mv[body_at:body_end]) & _MASK != fields[2]:
+        if crc32(mv[body_at:body_end]) & _MASK != fields[2]:
             return "body CRC mismatch"
     return None
 
