@@ -5,7 +5,7 @@ Every integer is big-endian. With IPv4 hosts and the V1 magic a record is::
     off  size  field
       0     4  TOTALSIZE            whole record, this field included
       4     4  MAGICCODE            V1 0xDAA320A7 | V2 0xDAA320AB (2-byte topic length)
-      8     4  BODYCRC              crc32(body) & 0x7FFFFFFF
+      8     4  BODYCRC              zlib's CRC-32 of the body & 0x7FFFFFFF (storage.crc)
      12     4  QUEUEID
      16     4  FLAG
      20     8  QUEUEOFFSET          entry number in the ConsumeQueue
