@@ -18,7 +18,7 @@ broker             string               the broker group (a topic may span sever
 =================  ===================  ==================================================
 
 ``read()`` yields Arrow record batches built here: the Python-to-JVM path then copies columns,
-not rows, and Spark checks them against ``arrow_schema()``.
+not rows, and Spark checks them against ``SCHEMA``.
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ SCHEMA: Final = StructType(
 
 # Spark hands timestamps to Python workers as UTC microseconds.
 _ARROW: Final = to_arrow_schema(SCHEMA, timezone="UTC")
-
-
-def arrow_schema() -> pa.Schema:
-    return _ARROW
 
 
 def to_record_batch(messages: Sequence[ReceivedMessage]) -> pa.RecordBatch:

@@ -116,10 +116,6 @@ HEADERS: Final = {(b, s): _header(b, s) for b in (False, True) for s in (False, 
 _HEADER_V4: Final = HEADERS[False, False]
 
 
-def body_crc(body: bytes | memoryview) -> int:
-    return crc32(body) & 0x7FFFFFFF
-
-
 _valid_topics: dict[str, bytes] = {}
 _BAD_PROPERTY_CHARS = re.compile("[\x01\x02]")
 _BAD_KEY_CHARS = re.compile("[ \x01\x02]")
