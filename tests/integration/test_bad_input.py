@@ -632,16 +632,25 @@ def test_clients_and_groups_need_names(broker: Broker, other: str) -> None:
 
 # ---------------------------------------------------------------------------- bytes on the wire
 METHODS = [m.name for m in broker_pb2.DESCRIPTOR.services_by_name["Broker"].methods]
-# How to put a string at field 1 of each method's request: directly, or inside the message
-# there (a Message, a TopicConfig). ListTopics and GetBrokerStatus have no fields at all.
+
+
+def _string_first(request: Any) -> str | None:
+    """How to put a string at field 1 of a request: directly ("string"), inside the message
+    there ("message": a Message, a TopicConfig), or not at all (None: no fields, or field 1
+    holds no string, as SyncConfig's DataVersion, where bad UTF-8 bytes may parse as numbers)."""
+    first = request.fields_by_number.get(1)
+    if first is None:
+        return None
+    if first.type == first.TYPE_STRING:
+        return "string"
+    inner = first.message_type.fields_by_number.get(1) if first.message_type else None
+    return "message" if inner is not None and inner.type == inner.TYPE_STRING else None
+
+
 STRING_FIRST = {
-    "SendMessage": "message",
-    "CreateTopic": "message",
-    **{
-        m: "string"
-        for m in METHODS
-        if m not in ("SendMessage", "CreateTopic", "ListTopics", "GetBrokerStatus")
-    },
+    m.name: how
+    for m in broker_pb2.DESCRIPTOR.services_by_name["Broker"].methods
+    if (how := _string_first(m.input_type)) is not None
 }
 bad_utf8 = st.sampled_from([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80", b"\x80"])
 
