@@ -499,6 +499,8 @@ def recovery_run(root: str, gib: float, file_bytes: int, kind: str) -> Record:
             "records_scanned": rep.get("records_scanned"),
             "records_redispatched": rep.get("records_redispatched"),
             "full_redispatch": rep.get("full_redispatch"),
+            "index_helper": rep.get("index_helper"),
+            "index_helper_failure": rep.get("index_helper_failure"),
             "cut_bytes": rep.get("cut_bytes"),
             "VmHWM_kib": r.get("VmHWM_kib"),
         }

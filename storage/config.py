@@ -75,6 +75,9 @@ class StoreConfig:
     # Recovery: a bad record followed by good ones is corruption, not a torn tail. By default the
     # store refuses to open (an operator decides); True cuts there and keeps the rest as evidence.
     truncate_on_corruption: bool = False
+    # Recovery that re-dispatches at least this much CommitLog rebuilds the index in a helper
+    # process, on the second core (storage.index_rebuild); None keeps it in the store's process.
+    recovery_index_helper_min_bytes: int | None = 64 << 20
     store_host_packed: tuple[bytes, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +107,10 @@ class StoreConfig:
                 problems.append(f"{name} must be > 0")
         if self.warm_ahead_bytes < 0:
             problems.append("warm_ahead_bytes must be >= 0")
+        if self.recovery_index_helper_min_bytes is not None and (
+            self.recovery_index_helper_min_bytes < 0
+        ):
+            problems.append("recovery_index_helper_min_bytes must be >= 0 or None")
         if self.flush_least_pages < 0:
             problems.append("flush_least_pages must be >= 0")
         if self.file_reserved_time_hours <= 0:

@@ -122,6 +122,9 @@ class Dispatcher:
         self.error: CorruptRecordError | None = None
         self.stopped_at: tuple[int, int, str] | None = None
         self.listeners: list[DispatchListener] = []
+        # Where gathered keyed messages go; None: straight into ``index``. Recovery points it at
+        # a helper process (storage.index_rebuild).
+        self.index_sink: Callable[[list[tuple[str, int, int, list[bytes]]]], None] | None = None
 
     def dispatch(
         self,
@@ -189,8 +192,11 @@ class Dispatcher:
 
     def _index(self, keyed: list[tuple[str, int, int, list[bytes]]]) -> None:
         if keyed:
-            assert self.index is not None
-            self.index.build_index_many(keyed)
+            if self.index_sink is not None:
+                self.index_sink(keyed)
+            else:
+                assert self.index is not None
+                self.index.build_index_many(keyed)
             keyed.clear()
 
     def _apply(

@@ -419,6 +419,14 @@ class IndexService:
         self._lock = threading.Lock()
         self._files: list[IndexFile] | None = None
 
+    @property
+    def slot_num(self) -> int:
+        return self._slot_num
+
+    @property
+    def max_index_num(self) -> int:
+        return self._max
+
     def _open_files(self) -> list[IndexFile]:
         if self._files is None:
             raise StoreClosedError(f"index service at {self.directory} is not loaded")
@@ -568,13 +576,15 @@ class IndexService:
             if files:
                 files[-1].flush()
 
-    def close(self) -> None:
+    def close(self, flush: bool = True) -> None:
+        """Unmap every file; ``flush=False`` leaves the newest file's dirty pages to whoever
+        flushes next (a recovery handing the files to its helper process)."""
         with self._lock:
             if self._files is None:
                 return
             files, self._files = self._files, None
             try:
-                if files:
+                if files and flush:
                     files[-1].flush()
             finally:
                 for f in files:

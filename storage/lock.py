@@ -32,6 +32,10 @@ class StoreLock:
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
 
+    def fileno(self) -> int | None:
+        """The locked descriptor; a process that inherits it holds the lock until it exits."""
+        return self._fd
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

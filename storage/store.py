@@ -156,6 +156,8 @@ class MessageStore:
                 truncate_on_corruption=self.config.truncate_on_corruption,
                 manifest=manifest,
                 index_end_expected=index_end,
+                index_helper_min_bytes=self.config.recovery_index_helper_min_bytes,
+                lock_fd=self._lock.fileno(),
             )
             log.info("store %s recovered: %s", self.root, self.recovery)
             self._write_checkpoint()
