@@ -75,8 +75,8 @@ class StoreConfig:
     # Recovery: a bad record followed by good ones is corruption, not a torn tail. By default the
     # store refuses to open (an operator decides); True cuts there and keeps the rest as evidence.
     truncate_on_corruption: bool = False
-    # Recovery that re-dispatches at least this much CommitLog rebuilds the index in a helper
-    # process, on the second core (storage.index_rebuild); None keeps it in the store's process.
+    # Once a recovery pass has re-dispatched this much CommitLog, a helper process indexes the
+    # rest on another core (storage.index_rebuild); None keeps it all in the store's process.
     recovery_index_helper_min_bytes: int | None = 64 << 20
     store_host_packed: tuple[bytes, int] = field(init=False, repr=False, compare=False)
 

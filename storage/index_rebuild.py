@@ -35,6 +35,8 @@ import sys
 from collections.abc import Sequence
 from typing import BinaryIO
 
+from storage.dispatch import Dispatcher
+from storage.errors import CorruptStoreError
 from storage.index_file import IndexService
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,79 @@ class IndexRebuildWorker:
                 # Closing stdin flushes what is buffered into a dead helper.
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+class HelperIndexSink:
+    """Dispatch's index sink for recovery passes: index in this process until a pass has covered
+    ``min_bytes`` of log (a small re-dispatch is not worth a process), then start a helper and
+    hand it the rest. Whether that happened, and how it ended, stays in ``used``/``failure``."""
+
+    def __init__(self, index: IndexService, min_bytes: int | None, lock_fd: int | None) -> None:
+        self.index = index
+        self.min_bytes = min_bytes
+        self.lock_fd = lock_fd
+        self.used = False
+        self.failure: str | None = None
+        self._start = 0
+        self._worker: IndexRebuildWorker | None = None
+
+    def begin(self, start: int) -> None:
+        """A pass starts at CommitLog offset ``start``."""
+        self._start = start
+
+    def __call__(self, messages: IndexedMessages) -> None:
+        due = self.min_bytes is not None and messages[0][1] - self._start >= self.min_bytes
+        if self._worker is None and due:
+            self._start_worker()
+        if self._worker is not None:
+            self._worker.submit(messages)
+        else:
+            self.index.build_index_many(messages)
+
+    def _start_worker(self) -> None:
+        index = self.index
+        index.close(flush=False)
+        try:
+            self._worker = IndexRebuildWorker(
+                index.directory, index.slot_num, index.max_index_num, self.lock_fd
+            )
+        except OSError as e:
+            log.warning("could not start the index helper (%s); indexing in this process", e)
+            self.min_bytes = None
+            index.load()
+            return
+        self.used = True
+
+    def abandon(self) -> None:
+        """The pass failed: stop the helper and take the index back as it is."""
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.kill()
+            self.index.load()
+
+    def finish(self, dispatcher: Dispatcher, complete: bool, prefill: bool) -> None:
+        """The pass ended at ``dispatcher.offset``: wait for the helper and take the index back.
+        If the helper fell short and the pass is ``complete`` (to be kept), index the rest here:
+        dispatch again from the last message the helper indexed (queue entries are already there
+        and are skipped; a message it indexed halfway is completed)."""
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        failure = worker.finish()
+        self.index.load()
+        if failure is None or not complete:
+            return
+        self.failure = failure
+        log.warning("%s; indexing the rest in this process", failure)
+        reached, stopped_at, error = dispatcher.offset, dispatcher.stopped_at, dispatcher.error
+        dispatcher.offset = max(self._start, self.index.end_phy_offset)
+        dispatcher.dispatch(reached, allow_prefill=prefill)
+        if dispatcher.offset != reached:
+            raise CorruptStoreError(
+                f"re-indexing stopped at {dispatcher.offset}, short of {reached} where the "
+                f"dispatch pass ended: {dispatcher.stopped_at}"
+            )
+        dispatcher.stopped_at, dispatcher.error = stopped_at, error
 
 
 def _judge(answer: bytes, code: int, submitted: int, pid: int) -> str | None:

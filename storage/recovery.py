@@ -30,7 +30,7 @@ from storage.consume_queue import ENTRY_SIZE
 from storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
 from storage.errors import CorruptStoreError
 from storage.index_file import IndexService
-from storage.index_rebuild import IndexRebuildWorker
+from storage.index_rebuild import HelperIndexSink
 from storage.record import END_OF_FILE, OK, RecordInfo, check_record
 
 log = logging.getLogger(__name__)
@@ -145,9 +145,9 @@ def recover(
     index_helper_min_bytes: int | None = None,
     lock_fd: int | None = None,
 ) -> RecoveryReport:
-    """Recover the store (see the module's docstring). ``index_helper_min_bytes``: rebuild the
-    index in a helper process when at least this many bytes are re-dispatched (None: never);
-    the helper holds ``lock_fd``, the store lock, open for as long as it runs."""
+    """Recover the store (see the module's docstring). ``index_helper_min_bytes``: once a pass
+    has re-dispatched this many bytes, a helper process indexes the rest (None: never); it holds
+    ``lock_fd``, the store lock, open for as long as it runs."""
     t0 = time.monotonic()
     # Index files lost since they were recorded: only a whole re-dispatch brings their keys back.
     index_lost = index is not None and index.end_phy_offset < index_end_expected
@@ -205,7 +205,7 @@ def recover(
             # where the pass below meets the same damage and judges it.
             d = scan_from
     # One pass from d: every record is CRC-checked and dispatched as it is read.
-    helper = _IndexHelperUse(index, index_helper_min_bytes, lock_fd)
+    helper = None if index is None else HelperIndexSink(index, index_helper_min_bytes, lock_fd)
     redispatched = _dispatch_pass(cl, queues, index, dispatcher, d, helper)
     if redispatched < 0:
         full, d = True, lo
@@ -251,8 +251,8 @@ def recover(
         records_scanned=scanned,
         records_redispatched=redispatched,
         full_redispatch=full,
-        index_helper=helper.used,
-        index_helper_failure=helper.failure,
+        index_helper=helper is not None and helper.used,
+        index_helper_failure=None if helper is None else helper.failure,
         cut_bytes=evidence.total,
         cut_reason=cut_reason if evidence.total else None,
         evidence_files=evidence.paths,
@@ -277,43 +277,13 @@ def _drop_damaged_queues(
     return damaged
 
 
-class _IndexHelperUse:
-    """Whether and how recovery's dispatch passes hand indexing to a helper process."""
-
-    def __init__(
-        self, index: IndexService | None, min_bytes: int | None, lock_fd: int | None
-    ) -> None:
-        self.index = index
-        self.min_bytes = min_bytes
-        self.lock_fd = lock_fd
-        self.used = False
-        self.failure: str | None = None
-
-    def start(self, span_bytes: int) -> IndexRebuildWorker | None:
-        """A running helper that owns the index files, or None to index in this process."""
-        index = self.index
-        if index is None or self.min_bytes is None or span_bytes < self.min_bytes:
-            return None
-        index.close(flush=False)
-        try:
-            worker = IndexRebuildWorker(
-                index.directory, index.slot_num, index.max_index_num, self.lock_fd
-            )
-        except OSError as e:
-            log.warning("could not start the index helper (%s); indexing in this process", e)
-            index.load()
-            return None
-        self.used = True
-        return worker
-
-
 def _dispatch_pass(
     cl: CommitLog,
     queues: ConsumeQueueStore,
     index: IndexService | None,
     dispatcher: Dispatcher,
     start: int,
-    helper: _IndexHelperUse,
+    helper: HelperIndexSink | None,
 ) -> int:
     """Trim queues and index to ``start``, then CRC-check and dispatch every record after it
     until the data ends. Returns the records dispatched, or -1 when a gap shows that queue
@@ -327,30 +297,23 @@ def _dispatch_pass(
     cl.trusted_end = cut
     dispatcher.offset = cut
     dispatcher.error = None
-    end = cl.mfq.files[-1].end_offset
-    worker = helper.start(end - cut)
-    if worker is None:
-        return _dispatch_from(cl, dispatcher, cut, end)
-    assert index is not None
-    dispatcher.index_sink = worker.submit
+    if helper is None:
+        return _dispatch_from(cl, dispatcher, cut)
+    helper.begin(cut)
+    dispatcher.index_sink = helper
     try:
-        count = _dispatch_from(cl, dispatcher, cut, end)
+        count = _dispatch_from(cl, dispatcher, cut)
     except BaseException:
-        worker.kill()
-        index.load()
+        helper.abandon()
         raise
     finally:
         dispatcher.index_sink = None
-    failure = worker.finish()
-    index.load()
-    if failure is not None and count >= 0:
-        helper.failure = failure
-        log.warning("%s; indexing the rest in this process", failure)
-        _index_rest(dispatcher, index, cut, cut == cl.min_offset)
+    helper.finish(dispatcher, count >= 0, prefill=cut == cl.min_offset)
     return count
 
 
-def _dispatch_from(cl: CommitLog, dispatcher: Dispatcher, cut: int, end: int) -> int:
+def _dispatch_from(cl: CommitLog, dispatcher: Dispatcher, cut: int) -> int:
+    end = cl.mfq.files[-1].end_offset
     try:
         return dispatcher.dispatch(end, allow_prefill=cut == cl.min_offset, verify_from=cut)
     except DispatchGapError as e:
@@ -358,21 +321,6 @@ def _dispatch_from(cl: CommitLog, dispatcher: Dispatcher, cut: int, end: int) ->
             raise
         log.warning("%s; re-dispatching the whole CommitLog", e)
         return -1
-
-
-def _index_rest(dispatcher: Dispatcher, index: IndexService, cut: int, prefill: bool) -> None:
-    """Dispatch again, in this process, from the last message the helper indexed to where the
-    pass ended. Queue entries are already there and are skipped; the index takes the keys the
-    helper never wrote (a message it indexed halfway is completed)."""
-    reached, stopped_at, error = dispatcher.offset, dispatcher.stopped_at, dispatcher.error
-    dispatcher.offset = max(cut, index.end_phy_offset)
-    dispatcher.dispatch(reached, allow_prefill=prefill)
-    if dispatcher.offset != reached:
-        raise CorruptStoreError(
-            f"re-indexing stopped at {dispatcher.offset}, short of {reached} where the "
-            f"dispatch pass ended: {dispatcher.stopped_at}"
-        )
-    dispatcher.stopped_at, dispatcher.error = stopped_at, error
 
 
 def report_json(report: RecoveryReport) -> str:

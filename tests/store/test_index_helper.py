@@ -69,17 +69,24 @@ def recover_in_process(tmp_path: Path, root: Path) -> tuple[list[bytes], dict[st
     return index_bytes(twin), queue_bytes(twin)
 
 
-def open_with_helper(root: Path) -> MessageStore:
-    return start_store(store_config(root, recovery_index_helper_min_bytes=0))
+def open_with_helper(root: Path, after_bytes: int = 0) -> MessageStore:
+    return start_store(store_config(root, recovery_index_helper_min_bytes=after_bytes))
 
 
-def test_helper_builds_the_index_the_store_would_build(tmp_path: Path) -> None:
+@pytest.mark.parametrize("from_start", [True, False], ids=["helper-only", "store-then-helper"])
+def test_helper_builds_the_index_the_store_would_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, from_start: bool
+) -> None:
+    """The helper takes over at the start of the pass, or halfway through the log with the
+    store's own dispatch having indexed the first half."""
     root = tmp_path / "store"
     acks = build_without_checkpoint(root, seed=1)
     want_index, want_queues = recover_in_process(tmp_path, root)
     assert len(want_index) > 3
 
-    s = open_with_helper(root)
+    monkeypatch.setattr(dispatch, "_INDEX_BATCH", 8)  # many frames down the pipe
+    halfway = max(a.phy_offset for a in acks) // 2
+    s = open_with_helper(root, 0 if from_start else halfway)
     try:
         assert s.recovery is not None
         assert s.recovery.index_helper
