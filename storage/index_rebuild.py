@@ -86,7 +86,7 @@ class IndexRebuildWorker:
         # Above /proc/sys/fs/pipe-max-size this fails: the default pipe works, only slower.
         with contextlib.suppress(OSError):
             fcntl.fcntl(self._proc.stdin.fileno(), fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
-        self.failure: str | None = None
+        self._broken: str | None = None  # why writing to the helper failed
         self.submitted = 0
 
     @property
@@ -94,7 +94,7 @@ class IndexRebuildWorker:
         return self._proc.pid
 
     def submit(self, messages: IndexedMessages) -> None:
-        if self.failure is not None or not messages:
+        if self._broken is not None or not messages:
             return
         data = pickle.dumps(list(messages), pickle.HIGHEST_PROTOCOL)
         try:
@@ -102,7 +102,7 @@ class IndexRebuildWorker:
             self._proc.stdin.write(_LENGTH.pack(len(data)))
             self._proc.stdin.write(data)
         except OSError as e:  # BrokenPipeError: the helper is gone
-            self.failure = f"index helper {self._proc.pid} stopped reading: {e}"
+            self._broken = f"index helper {self._proc.pid} stopped reading: {e}"
             return
         self.submitted += len(messages)
 
@@ -113,16 +113,15 @@ class IndexRebuildWorker:
         assert stdin is not None
         assert stdout is not None
         try:
-            stdin.write(_LENGTH.pack(0))
+            if self._broken is None:
+                stdin.write(_LENGTH.pack(0))
             stdin.close()
         except OSError as e:
-            self.failure = self.failure or f"index helper {self._proc.pid} stopped reading: {e}"
+            self._broken = self._broken or f"index helper {self._proc.pid} stopped reading: {e}"
         answer = stdout.read()
         stdout.close()
         code = self._proc.wait()
-        if self.failure is None:
-            self.failure = _judge(answer, code, self.submitted, self._proc.pid)
-        return self.failure
+        return _judge(answer, code, self.submitted, self._proc.pid, self._broken)
 
     def kill(self) -> None:
         """Stop the helper at once (the caller gave up on this recovery)."""
@@ -209,16 +208,18 @@ class HelperIndexSink:
         dispatcher.stopped_at, dispatcher.error = stopped_at, error
 
 
-def _judge(answer: bytes, code: int, submitted: int, pid: int) -> str | None:
+def _judge(answer: bytes, code: int, submitted: int, pid: int, broken: str | None) -> str | None:
+    """None when the helper indexed all it was sent; else why not, in its own words if it said."""
     try:
         result = json.loads(answer.decode() or "null")
     except ValueError:
         result = None
-    if code == 0 and isinstance(result, dict) and result.get("indexed") == submitted:
-        return None
     if isinstance(result, dict) and "error" in result:
         return f"index helper {pid} failed: {result.get('type')}: {result['error']}"
-    return f"index helper {pid} exited with {code} after answering {answer[:200]!r}"
+    indexed = result.get("indexed") if isinstance(result, dict) else None
+    if broken is None and code == 0 and indexed == submitted:
+        return None
+    return broken or f"index helper {pid} exited with {code} after answering {answer[:200]!r}"
 
 
 def _read_exactly(stream: BinaryIO, n: int) -> bytes:
