@@ -192,11 +192,8 @@ class Dispatcher:
 
     def _index(self, keyed: list[tuple[str, int, int, list[bytes]]]) -> None:
         if keyed:
-            if self.index_sink is not None:
-                self.index_sink(keyed)
-            else:
-                assert self.index is not None
-                self.index.build_index_many(keyed)
+            assert self.index is not None
+            (self.index_sink or self.index.build_index_many)(keyed)
             keyed.clear()
 
     def _apply(

@@ -73,10 +73,16 @@ class IndexRebuildWorker:
         )
         # -P: do not put the working directory first on sys.path, so the helper runs this
         # installation's storage package and not whatever "storage" the working directory holds.
-        cmd = [sys.executable, "-P", "-c", _HELPER_MAIN, directory, str(slot_num)]
-        cmd.append(str(max_index_num))
         self._proc = subprocess.Popen(
-            cmd,
+            [
+                sys.executable,
+                "-P",
+                "-c",
+                _HELPER_MAIN,
+                directory,
+                f"{slot_num}",
+                f"{max_index_num}",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -96,7 +102,7 @@ class IndexRebuildWorker:
     def submit(self, messages: IndexedMessages) -> None:
         if self._broken is not None or not messages:
             return
-        data = pickle.dumps(list(messages), pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(messages, pickle.HIGHEST_PROTOCOL)
         try:
             assert self._proc.stdin is not None
             self._proc.stdin.write(_LENGTH.pack(len(data)))
