@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 PERFKIT ?= ../shared/perfkit
 RUN_DIR ?= .run
 
-PROTOS := protos/common.proto protos/nameserver.proto protos/broker.proto protos/replication.proto
+# Compiled through tidemq/protos (a link to protos/) so the stubs import each other as
+# tidemq.protos.<name>_pb2, the name they are installed under.
+PROTOS := $(addprefix tidemq/protos/,common.proto nameserver.proto broker.proto replication.proto)
 
 .PHONY: venv run test lint typecheck pytest bench soak clean protos verify-protos system-deps
 
@@ -24,9 +26,11 @@ $(STAMP): pyproject.toml
 run: venv
 	$(VENV)/bin/tidemq dev --data $(RUN_DIR)/dev
 
+# ruff, then the layer contracts of pyproject.toml's [tool.importlinter] (import-linter).
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-logo
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -53,7 +57,6 @@ $(HELM):
 image:
 	bash docker/build-image.sh
 
-# Generated from the repo root so the stubs import each other as protos.<name>_pb2.
 protos: venv
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. $(PROTOS)
 
@@ -61,7 +64,7 @@ protos: venv
 verify-protos: venv
 	rm -rf .protos-check && mkdir -p .protos-check
 	$(PY) -m grpc_tools.protoc -I. --python_out=.protos-check --grpc_python_out=.protos-check $(PROTOS)
-	diff -r -x __pycache__ -x '*.proto' -x '__init__.py' -x 'errors.py' protos .protos-check/protos
+	diff -r -x __pycache__ -x '*.proto' -x '__init__.py' -x 'errors.py' protos .protos-check/tidemq/protos
 	rm -rf .protos-check
 
 test: system-deps lint typecheck verify-protos pytest

@@ -42,8 +42,8 @@ sys.path.insert(0, REPO)
 import itertools
 
 import tidemq
-from protos import broker_pb2, broker_pb2_grpc
 from tests.integration.zookeeper import new_server
+from tidemq.protos import broker_pb2, broker_pb2_grpc
 
 GROUP = "bench-a"
 LEASE_MS = 1_000

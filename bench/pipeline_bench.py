@@ -11,8 +11,9 @@ Per run:
    materialized by the ``noop`` sink), after one warm-up query so the JVM and the Python workers
    are started: goal >= 50% of the consume rate;
 4. a store of ``--audit-records`` 1 KiB messages written with ``tidemq store put`` (its first
-   CommitLog segment is then full: 1 GiB), audited by ``pipeline.jobs.audit`` (64 MiB splits),
-   beside a plain sequential read of the same file (8 MiB reads, the page cache warm for both).
+   CommitLog segment is then full: 1 GiB), audited by ``tidemq.pipeline.jobs.audit`` (64 MiB
+   splits), beside a plain sequential read of the same file (8 MiB reads, the page cache warm
+   for both).
 
 Prints one JSON object per line, and last a ``summary`` with medians, ratios and goals.
 """
@@ -68,7 +69,7 @@ def spark_read(spark: Any, nameserver: str, messages: int) -> dict[str, Any]:
 
 
 def audit_run(spark: Any, scratch: str, records: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    from pipeline.jobs.audit import audit  # noqa: PLC0415 - pyspark only once the venv has it
+    from tidemq.pipeline.jobs.audit import audit  # noqa: PLC0415 - pyspark only once the venv has it
 
     store = os.path.join(scratch, "store")
     subprocess.run(
@@ -137,7 +138,7 @@ def main() -> int:
     parser.add_argument("--audit-records", type=int, default=960_000)
     args = parser.parse_args()
     sys.path.insert(0, REPO)
-    from pipeline.session import get_session  # noqa: PLC0415
+    from tidemq.pipeline.session import get_session  # noqa: PLC0415
 
     spark = get_session("tidemq-pipeline-bench", "local[2]")
     spark.sparkContext.setLogLevel("ERROR")

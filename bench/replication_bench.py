@@ -54,8 +54,8 @@ from common import (
     wait_until,
 )
 
-from protos import broker_pb2, broker_pb2_grpc
-from storage import Message, MessageStore, StoreConfig
+from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.storage import Message, MessageStore, StoreConfig
 
 BROKER_NAME = "bench-a"
 FILL_TOPIC = "CatchupTopic"

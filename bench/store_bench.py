@@ -53,8 +53,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from storage import FlushMode, Message, MessageStore, PutStatus, StoreConfig  # noqa: E402
-from storage.checkpoint import checkpoint_path, read_checkpoint  # noqa: E402
+from tidemq.storage import FlushMode, Message, MessageStore, PutStatus, StoreConfig  # noqa: E402
+from tidemq.storage.checkpoint import checkpoint_path, read_checkpoint  # noqa: E402
 
 TOPIC = "BenchTopic"
 QUEUES = 8

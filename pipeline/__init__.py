@@ -2,12 +2,12 @@
 
 ::
 
-    from pipeline import register
+    from tidemq.pipeline import register
     register(spark)
     df = spark.read.format("tidemq").option("nameserver", "127.0.0.1:9876") \\
         .option("topic", "orders").load()
 
-``pipeline.source`` holds the source and sink, ``pipeline.jobs`` the audit and replica
+``tidemq.pipeline.source`` holds the source and sink, ``tidemq.pipeline.jobs`` the audit and replica
 comparison jobs. Needs the ``spark`` extra (pyspark and pyarrow) on the driver and every
 executor: see docs/pipeline.md.
 """
@@ -21,8 +21,8 @@ def register(spark: Any) -> None:
     """Make ``format("tidemq")`` and ``format("tidemq_segments")`` known to ``spark``
     (registration is per SparkSession)."""
     # Imported here: `import pipeline` (the CLI lists the jobs' arguments) must not need pyspark.
-    from pipeline.jobs.segment_source import SegmentDataSource  # noqa: PLC0415
-    from pipeline.source import TidemqDataSource  # noqa: PLC0415
+    from tidemq.pipeline.jobs.segment_source import SegmentDataSource  # noqa: PLC0415
+    from tidemq.pipeline.source import TidemqDataSource  # noqa: PLC0415
 
     spark.dataSource.register(TidemqDataSource)
     spark.dataSource.register(SegmentDataSource)

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from pipeline.offsets import EARLIEST, LATEST, OffsetSpec, OffsetSpecError, parse_spec
 from tidemq._runtime import nameserver_addresses
+from tidemq.pipeline.offsets import EARLIEST, LATEST, OffsetSpec, OffsetSpecError, parse_spec
 from tidemq.reader import MAX_PULL_MESSAGES
 
 DEFAULT_PULL_TIMEOUT_MS: Final = 60_000

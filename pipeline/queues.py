@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.offsets import QueueBounds
 from tidemq.admin import Admin
 from tidemq.errors import TidemqError
+from tidemq.pipeline.offsets import QueueBounds
 from tidemq.routes import MessageQueue
 
 

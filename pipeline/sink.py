@@ -36,8 +36,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from pipeline.options import OptionError, WriteOptions
-from pipeline.schema import SHARDING_KEY_PROPERTY
+from tidemq.pipeline.options import OptionError, WriteOptions
+from tidemq.pipeline.schema import SHARDING_KEY_PROPERTY
 from tidemq.producer import Producer, SendFuture
 from tidemq.types import SendStatus
 

@@ -35,7 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.offsets import (
+from tidemq.pipeline.offsets import (
     Offsets,
     QueueBounds,
     from_json_dict,
@@ -43,10 +43,10 @@ from pipeline.offsets import (
     resolve,
     to_json_dict,
 )
-from pipeline.options import OptionError, ReadOptions, WriteOptions
-from pipeline.queues import QueueTable
-from pipeline.schema import SCHEMA, to_record_batch
-from pipeline.sink import TidemqBatchWriter, TidemqStreamWriter, check_write_schema
+from tidemq.pipeline.options import OptionError, ReadOptions, WriteOptions
+from tidemq.pipeline.queues import QueueTable
+from tidemq.pipeline.schema import SCHEMA, to_record_batch
+from tidemq.pipeline.sink import TidemqBatchWriter, TidemqStreamWriter, check_write_schema
 from tidemq.reader import QueueReader
 from tidemq.routes import MessageQueue
 
@@ -141,7 +141,7 @@ class TidemqBatchReader(DataSourceReader):
 
 
 class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets per queue (``pipeline.offsets``), kept only in Spark's checkpoint.
+    """Offsets per queue (``tidemq.pipeline.offsets``), kept only in Spark's checkpoint.
 
     ``commit`` is not needed: the checkpoint is the truth, and nothing on the brokers records
     the query's position (no consumer group)."""

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import broker_pb2 as protos_dot_broker__pb2
+from tidemq.protos import broker_pb2 as tidemq_dot_protos_dot_broker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/broker_pb2_grpc.py depends on'
+        + ' but the generated code in tidemq/protos/broker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,88 +36,88 @@ class BrokerStub:
         """
         self.SendMessage = channel.unary_unary(
                 '/tidemq.v1.Broker/SendMessage',
-                request_serializer=protos_dot_broker__pb2.SendMessageRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.SendMessageResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.SendMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.SendMessageResponse.FromString,
                 _registered_method=True)
         self.PullMessage = channel.unary_unary(
                 '/tidemq.v1.Broker/PullMessage',
-                request_serializer=protos_dot_broker__pb2.PullMessageRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.PullMessageResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.PullMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.PullMessageResponse.FromString,
                 _registered_method=True)
         self.QueryMessage = channel.unary_unary(
                 '/tidemq.v1.Broker/QueryMessage',
-                request_serializer=protos_dot_broker__pb2.QueryMessageRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.QueryMessageResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.QueryMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.QueryMessageResponse.FromString,
                 _registered_method=True)
         self.ViewMessage = channel.unary_unary(
                 '/tidemq.v1.Broker/ViewMessage',
-                request_serializer=protos_dot_broker__pb2.ViewMessageRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.ViewMessageResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ViewMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ViewMessageResponse.FromString,
                 _registered_method=True)
         self.GetQueueOffsets = channel.unary_unary(
                 '/tidemq.v1.Broker/GetQueueOffsets',
-                request_serializer=protos_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
                 _registered_method=True)
         self.SearchOffset = channel.unary_unary(
                 '/tidemq.v1.Broker/SearchOffset',
-                request_serializer=protos_dot_broker__pb2.SearchOffsetRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.SearchOffsetResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.SearchOffsetRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.SearchOffsetResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/tidemq.v1.Broker/Heartbeat',
-                request_serializer=protos_dot_broker__pb2.HeartbeatRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.HeartbeatResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
         self.UnregisterClient = channel.unary_unary(
                 '/tidemq.v1.Broker/UnregisterClient',
-                request_serializer=protos_dot_broker__pb2.UnregisterClientRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.UnregisterClientResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.UnregisterClientRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.UnregisterClientResponse.FromString,
                 _registered_method=True)
         self.GetConsumerList = channel.unary_unary(
                 '/tidemq.v1.Broker/GetConsumerList',
-                request_serializer=protos_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.GetConsumerListResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerListResponse.FromString,
                 _registered_method=True)
         self.CommitOffset = channel.unary_unary(
                 '/tidemq.v1.Broker/CommitOffset',
-                request_serializer=protos_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.CommitOffsetResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.CommitOffsetResponse.FromString,
                 _registered_method=True)
         self.QueryConsumerOffset = channel.unary_unary(
                 '/tidemq.v1.Broker/QueryConsumerOffset',
-                request_serializer=protos_dot_broker__pb2.QueryConsumerOffsetRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.QueryConsumerOffsetResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.QueryConsumerOffsetRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.QueryConsumerOffsetResponse.FromString,
                 _registered_method=True)
         self.CreateTopic = channel.unary_unary(
                 '/tidemq.v1.Broker/CreateTopic',
-                request_serializer=protos_dot_broker__pb2.CreateTopicRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.CreateTopicResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.CreateTopicResponse.FromString,
                 _registered_method=True)
         self.DeleteTopic = channel.unary_unary(
                 '/tidemq.v1.Broker/DeleteTopic',
-                request_serializer=protos_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.DeleteTopicResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.DeleteTopicResponse.FromString,
                 _registered_method=True)
         self.ListTopics = channel.unary_unary(
                 '/tidemq.v1.Broker/ListTopics',
-                request_serializer=protos_dot_broker__pb2.ListTopicsRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.ListTopicsResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ListTopicsRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ListTopicsResponse.FromString,
                 _registered_method=True)
         self.GetBrokerStatus = channel.unary_unary(
                 '/tidemq.v1.Broker/GetBrokerStatus',
-                request_serializer=protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
                 _registered_method=True)
         self.SyncConfig = channel.unary_unary(
                 '/tidemq.v1.Broker/SyncConfig',
-                request_serializer=protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.SyncConfigResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.SyncConfigResponse.FromString,
                 _registered_method=True)
         self.Switchover = channel.unary_unary(
                 '/tidemq.v1.Broker/Switchover',
-                request_serializer=protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
-                response_deserializer=protos_dot_broker__pb2.SwitchoverResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.FromString,
                 _registered_method=True)
 
 
@@ -239,88 +239,88 @@ def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'SendMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.SendMessage,
-                    request_deserializer=protos_dot_broker__pb2.SendMessageRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.SendMessageResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.SendMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.SendMessageResponse.SerializeToString,
             ),
             'PullMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.PullMessage,
-                    request_deserializer=protos_dot_broker__pb2.PullMessageRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.PullMessageResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.PullMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.PullMessageResponse.SerializeToString,
             ),
             'QueryMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryMessage,
-                    request_deserializer=protos_dot_broker__pb2.QueryMessageRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.QueryMessageResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.QueryMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.QueryMessageResponse.SerializeToString,
             ),
             'ViewMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.ViewMessage,
-                    request_deserializer=protos_dot_broker__pb2.ViewMessageRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.ViewMessageResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ViewMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ViewMessageResponse.SerializeToString,
             ),
             'GetQueueOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.GetQueueOffsets,
-                    request_deserializer=protos_dot_broker__pb2.GetQueueOffsetsRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.GetQueueOffsetsResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetQueueOffsetsRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetQueueOffsetsResponse.SerializeToString,
             ),
             'SearchOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.SearchOffset,
-                    request_deserializer=protos_dot_broker__pb2.SearchOffsetRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.SearchOffsetResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.SearchOffsetRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.SearchOffsetResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
-                    request_deserializer=protos_dot_broker__pb2.HeartbeatRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.HeartbeatResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.HeartbeatRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.HeartbeatResponse.SerializeToString,
             ),
             'UnregisterClient': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterClient,
-                    request_deserializer=protos_dot_broker__pb2.UnregisterClientRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.UnregisterClientResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.UnregisterClientRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.UnregisterClientResponse.SerializeToString,
             ),
             'GetConsumerList': grpc.unary_unary_rpc_method_handler(
                     servicer.GetConsumerList,
-                    request_deserializer=protos_dot_broker__pb2.GetConsumerListRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.GetConsumerListResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerListRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerListResponse.SerializeToString,
             ),
             'CommitOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.CommitOffset,
-                    request_deserializer=protos_dot_broker__pb2.CommitOffsetRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.CommitOffsetResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.CommitOffsetRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.CommitOffsetResponse.SerializeToString,
             ),
             'QueryConsumerOffset': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryConsumerOffset,
-                    request_deserializer=protos_dot_broker__pb2.QueryConsumerOffsetRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.QueryConsumerOffsetResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.QueryConsumerOffsetRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.QueryConsumerOffsetResponse.SerializeToString,
             ),
             'CreateTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateTopic,
-                    request_deserializer=protos_dot_broker__pb2.CreateTopicRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.CreateTopicResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.CreateTopicRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.CreateTopicResponse.SerializeToString,
             ),
             'DeleteTopic': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteTopic,
-                    request_deserializer=protos_dot_broker__pb2.DeleteTopicRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.DeleteTopicResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.DeleteTopicRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.DeleteTopicResponse.SerializeToString,
             ),
             'ListTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTopics,
-                    request_deserializer=protos_dot_broker__pb2.ListTopicsRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.ListTopicsResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ListTopicsRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ListTopicsResponse.SerializeToString,
             ),
             'GetBrokerStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBrokerStatus,
-                    request_deserializer=protos_dot_broker__pb2.GetBrokerStatusRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.GetBrokerStatusResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusResponse.SerializeToString,
             ),
             'SyncConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncConfig,
-                    request_deserializer=protos_dot_broker__pb2.SyncConfigRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.SyncConfigResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.SyncConfigRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.SyncConfigResponse.SerializeToString,
             ),
             'Switchover': grpc.unary_unary_rpc_method_handler(
                     servicer.Switchover,
-                    request_deserializer=protos_dot_broker__pb2.SwitchoverRequest.FromString,
-                    response_serializer=protos_dot_broker__pb2.SwitchoverResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -348,8 +348,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/SendMessage',
-            protos_dot_broker__pb2.SendMessageRequest.SerializeToString,
-            protos_dot_broker__pb2.SendMessageResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.SendMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.SendMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -375,8 +375,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/PullMessage',
-            protos_dot_broker__pb2.PullMessageRequest.SerializeToString,
-            protos_dot_broker__pb2.PullMessageResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.PullMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.PullMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -402,8 +402,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/QueryMessage',
-            protos_dot_broker__pb2.QueryMessageRequest.SerializeToString,
-            protos_dot_broker__pb2.QueryMessageResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.QueryMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.QueryMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -429,8 +429,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/ViewMessage',
-            protos_dot_broker__pb2.ViewMessageRequest.SerializeToString,
-            protos_dot_broker__pb2.ViewMessageResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.ViewMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ViewMessageResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -456,8 +456,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/GetQueueOffsets',
-            protos_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
-            protos_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.GetQueueOffsetsRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetQueueOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -483,8 +483,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/SearchOffset',
-            protos_dot_broker__pb2.SearchOffsetRequest.SerializeToString,
-            protos_dot_broker__pb2.SearchOffsetResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.SearchOffsetRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.SearchOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -510,8 +510,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/Heartbeat',
-            protos_dot_broker__pb2.HeartbeatRequest.SerializeToString,
-            protos_dot_broker__pb2.HeartbeatResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.HeartbeatRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.HeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -537,8 +537,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/UnregisterClient',
-            protos_dot_broker__pb2.UnregisterClientRequest.SerializeToString,
-            protos_dot_broker__pb2.UnregisterClientResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.UnregisterClientRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.UnregisterClientResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -564,8 +564,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/GetConsumerList',
-            protos_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
-            protos_dot_broker__pb2.GetConsumerListResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.GetConsumerListRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetConsumerListResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -591,8 +591,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/CommitOffset',
-            protos_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
-            protos_dot_broker__pb2.CommitOffsetResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.CommitOffsetRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.CommitOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -618,8 +618,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/QueryConsumerOffset',
-            protos_dot_broker__pb2.QueryConsumerOffsetRequest.SerializeToString,
-            protos_dot_broker__pb2.QueryConsumerOffsetResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.QueryConsumerOffsetRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.QueryConsumerOffsetResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -645,8 +645,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/CreateTopic',
-            protos_dot_broker__pb2.CreateTopicRequest.SerializeToString,
-            protos_dot_broker__pb2.CreateTopicResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.CreateTopicRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.CreateTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -672,8 +672,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/DeleteTopic',
-            protos_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
-            protos_dot_broker__pb2.DeleteTopicResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.DeleteTopicRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.DeleteTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -699,8 +699,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/ListTopics',
-            protos_dot_broker__pb2.ListTopicsRequest.SerializeToString,
-            protos_dot_broker__pb2.ListTopicsResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.ListTopicsRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ListTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -726,8 +726,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/GetBrokerStatus',
-            protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
-            protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -753,8 +753,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/SyncConfig',
-            protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
-            protos_dot_broker__pb2.SyncConfigResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.SyncConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -780,8 +780,8 @@ class Broker:
             request,
             target,
             '/tidemq.v1.Broker/Switchover',
-            protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
-            protos_dot_broker__pb2.SwitchoverResponse.FromString,
+            tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.FromString,
             options,
             channel_credentials,
             insecure,

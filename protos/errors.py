@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from protos import common_pb2
+from tidemq.protos import common_pb2
 
 METADATA_KEY = "tidemq-error-bin"  # "-bin": gRPC carries the value as raw bytes
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import nameserver_pb2 as protos_dot_nameserver__pb2
+from tidemq.protos import nameserver_pb2 as tidemq_dot_protos_dot_nameserver__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/nameserver_pb2_grpc.py depends on'
+        + ' but the generated code in tidemq/protos/nameserver_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class NameServerStub:
         """
         self.RegisterBroker = channel.unary_unary(
                 '/tidemq.v1.NameServer/RegisterBroker',
-                request_serializer=protos_dot_nameserver__pb2.RegisterBrokerRequest.SerializeToString,
-                response_deserializer=protos_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_nameserver__pb2.RegisterBrokerRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
                 _registered_method=True)
         self.UnregisterBroker = channel.unary_unary(
                 '/tidemq.v1.NameServer/UnregisterBroker',
-                request_serializer=protos_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
-                response_deserializer=protos_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
                 _registered_method=True)
         self.QueryRoute = channel.unary_unary(
                 '/tidemq.v1.NameServer/QueryRoute',
-                request_serializer=protos_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
-                response_deserializer=protos_dot_nameserver__pb2.QueryRouteResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_nameserver__pb2.QueryRouteResponse.FromString,
                 _registered_method=True)
         self.GetClusterInfo = channel.unary_unary(
                 '/tidemq.v1.NameServer/GetClusterInfo',
-                request_serializer=protos_dot_nameserver__pb2.GetClusterInfoRequest.SerializeToString,
-                response_deserializer=protos_dot_nameserver__pb2.GetClusterInfoResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_nameserver__pb2.GetClusterInfoRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_nameserver__pb2.GetClusterInfoResponse.FromString,
                 _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/tidemq.v1.NameServer/GetStatus',
-                request_serializer=protos_dot_nameserver__pb2.GetStatusRequest.SerializeToString,
-                response_deserializer=protos_dot_nameserver__pb2.GetStatusResponse.FromString,
+                request_serializer=tidemq_dot_protos_dot_nameserver__pb2.GetStatusRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_nameserver__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
 
 
@@ -102,28 +102,28 @@ def add_NameServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'RegisterBroker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterBroker,
-                    request_deserializer=protos_dot_nameserver__pb2.RegisterBrokerRequest.FromString,
-                    response_serializer=protos_dot_nameserver__pb2.RegisterBrokerResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_nameserver__pb2.RegisterBrokerRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_nameserver__pb2.RegisterBrokerResponse.SerializeToString,
             ),
             'UnregisterBroker': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterBroker,
-                    request_deserializer=protos_dot_nameserver__pb2.UnregisterBrokerRequest.FromString,
-                    response_serializer=protos_dot_nameserver__pb2.UnregisterBrokerResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_nameserver__pb2.UnregisterBrokerRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_nameserver__pb2.UnregisterBrokerResponse.SerializeToString,
             ),
             'QueryRoute': grpc.unary_unary_rpc_method_handler(
                     servicer.QueryRoute,
-                    request_deserializer=protos_dot_nameserver__pb2.QueryRouteRequest.FromString,
-                    response_serializer=protos_dot_nameserver__pb2.QueryRouteResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_nameserver__pb2.QueryRouteRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_nameserver__pb2.QueryRouteResponse.SerializeToString,
             ),
             'GetClusterInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterInfo,
-                    request_deserializer=protos_dot_nameserver__pb2.GetClusterInfoRequest.FromString,
-                    response_serializer=protos_dot_nameserver__pb2.GetClusterInfoResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_nameserver__pb2.GetClusterInfoRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_nameserver__pb2.GetClusterInfoResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
-                    request_deserializer=protos_dot_nameserver__pb2.GetStatusRequest.FromString,
-                    response_serializer=protos_dot_nameserver__pb2.GetStatusResponse.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_nameserver__pb2.GetStatusRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_nameserver__pb2.GetStatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -151,8 +151,8 @@ class NameServer:
             request,
             target,
             '/tidemq.v1.NameServer/RegisterBroker',
-            protos_dot_nameserver__pb2.RegisterBrokerRequest.SerializeToString,
-            protos_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
+            tidemq_dot_protos_dot_nameserver__pb2.RegisterBrokerRequest.SerializeToString,
+            tidemq_dot_protos_dot_nameserver__pb2.RegisterBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -178,8 +178,8 @@ class NameServer:
             request,
             target,
             '/tidemq.v1.NameServer/UnregisterBroker',
-            protos_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
-            protos_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
+            tidemq_dot_protos_dot_nameserver__pb2.UnregisterBrokerRequest.SerializeToString,
+            tidemq_dot_protos_dot_nameserver__pb2.UnregisterBrokerResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -205,8 +205,8 @@ class NameServer:
             request,
             target,
             '/tidemq.v1.NameServer/QueryRoute',
-            protos_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
-            protos_dot_nameserver__pb2.QueryRouteResponse.FromString,
+            tidemq_dot_protos_dot_nameserver__pb2.QueryRouteRequest.SerializeToString,
+            tidemq_dot_protos_dot_nameserver__pb2.QueryRouteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -232,8 +232,8 @@ class NameServer:
             request,
             target,
             '/tidemq.v1.NameServer/GetClusterInfo',
-            protos_dot_nameserver__pb2.GetClusterInfoRequest.SerializeToString,
-            protos_dot_nameserver__pb2.GetClusterInfoResponse.FromString,
+            tidemq_dot_protos_dot_nameserver__pb2.GetClusterInfoRequest.SerializeToString,
+            tidemq_dot_protos_dot_nameserver__pb2.GetClusterInfoResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -259,8 +259,8 @@ class NameServer:
             request,
             target,
             '/tidemq.v1.NameServer/GetStatus',
-            protos_dot_nameserver__pb2.GetStatusRequest.SerializeToString,
-            protos_dot_nameserver__pb2.GetStatusResponse.FromString,
+            tidemq_dot_protos_dot_nameserver__pb2.GetStatusRequest.SerializeToString,
+            tidemq_dot_protos_dot_nameserver__pb2.GetStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from protos import replication_pb2 as protos_dot_replication__pb2
+from tidemq.protos import replication_pb2 as tidemq_dot_protos_dot_replication__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in protos/replication_pb2_grpc.py depends on'
+        + ' but the generated code in tidemq/protos/replication_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class ReplicationStub:
         """
         self.Stream = channel.stream_stream(
                 '/tidemq.v1.Replication/Stream',
-                request_serializer=protos_dot_replication__pb2.SlaveMessage.SerializeToString,
-                response_deserializer=protos_dot_replication__pb2.MasterMessage.FromString,
+                request_serializer=tidemq_dot_protos_dot_replication__pb2.SlaveMessage.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_replication__pb2.MasterMessage.FromString,
                 _registered_method=True)
 
 
@@ -55,8 +55,8 @@ def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Stream': grpc.stream_stream_rpc_method_handler(
                     servicer.Stream,
-                    request_deserializer=protos_dot_replication__pb2.SlaveMessage.FromString,
-                    response_serializer=protos_dot_replication__pb2.MasterMessage.SerializeToString,
+                    request_deserializer=tidemq_dot_protos_dot_replication__pb2.SlaveMessage.FromString,
+                    response_serializer=tidemq_dot_protos_dot_replication__pb2.MasterMessage.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -84,8 +84,8 @@ class Replication:
             request_iterator,
             target,
             '/tidemq.v1.Replication/Stream',
-            protos_dot_replication__pb2.SlaveMessage.SerializeToString,
-            protos_dot_replication__pb2.MasterMessage.FromString,
+            tidemq_dot_protos_dot_replication__pb2.SlaveMessage.SerializeToString,
+            tidemq_dot_protos_dot_replication__pb2.MasterMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -6,9 +6,9 @@ know of a CommitLog (and the probes a slave sends to prove where it stands), ``t
 thin grpc.aio layer. Imports ``storage`` and the generated ``protos`` only, never ``services``.
 """
 
-from replication.config import ReplicationConfig
-from replication.master import Accept, Identity, MasterTracker, Refusal, RefusalKind
-from replication.slave import SlaveSession
+from tidemq.replication.config import ReplicationConfig
+from tidemq.replication.master import Accept, Identity, MasterTracker, Refusal, RefusalKind
+from tidemq.replication.slave import SlaveSession
 
 __all__ = [
     "Accept",

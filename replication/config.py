@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.errors import ConfigError
+from tidemq.storage.errors import ConfigError
 
 # Slaves accept messages up to this size (plus framing), whatever their own settings say.
 MAX_CHUNK_BYTES = 32 * 1024 * 1024

@@ -1,6 +1,6 @@
 """Automatic failover as pure decisions: who may become master of a broker group, who should,
 and how the in-sync replica set (ISR) moves. No ZooKeeper and no clock here: the broker's
-failover agent (``services.broker.failover``) reads ZooKeeper, passes what it saw and
+failover agent (``tidemq.services.broker.failover``) reads ZooKeeper, passes what it saw and
 ``now_ms``, and carries the answer out with version-checked writes.
 
 The rules (RocketMQ 5's controller, spec §5.4, with the fixes for its users' reports, §10):

@@ -13,9 +13,9 @@ File format (``epochs`` in the store root), text, written whole each time::
     <CRC-32 (zlib.crc32) of the entry lines, decimal>\\n
     <epoch>-<start offset>\\n          one line per entry, oldest first
 
-Written like every small store file (``storage.atomic_file``: a temporary file, fsynced, renamed
-into place, the previous version kept as ``epochs.bak``), so a crash leaves one whole list; a
-reader falls back to the backup when the main file is missing, torn or fails its CRC.
+Written like every small store file (``tidemq.storage.atomic_file``: a temporary file, fsynced,
+renamed into place, the previous version kept as ``epochs.bak``), so a crash leaves one whole
+list; a reader falls back to the backup when the main file is missing, torn or fails its CRC.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.atomic_file import write_atomic
+from tidemq.storage.atomic_file import write_atomic
 
 FILE_NAME = "epochs"
 BACKUP_SUFFIX = ".bak"

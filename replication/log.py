@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from storage.commitlog import CommitLog
-from storage.crc import crc32
-from storage.errors import OffsetBelowMinError
-from storage.record import OK, RecordInfo
+from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.crc import crc32
+from tidemq.storage.errors import OffsetBelowMinError
+from tidemq.storage.record import OK, RecordInfo
 
 MAX_FILE_PROBES = 64
 _READ_BYTES = 1 << 20

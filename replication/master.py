@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from replication.acks import quorum_offset
-from replication.config import ReplicationConfig
-from replication.election import ReplicaView, confirmed_by_isr
-from replication.epochs import EpochEntry, consistent_point
-from replication.log import LogView, Probe
+from tidemq.replication.acks import quorum_offset
+from tidemq.replication.config import ReplicationConfig
+from tidemq.replication.election import ReplicaView, confirmed_by_isr
+from tidemq.replication.epochs import EpochEntry, consistent_point
+from tidemq.replication.log import LogView, Probe
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,12 +25,12 @@ from typing import Any, NoReturn
 import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from protos import replication_pb2, replication_pb2_grpc
-from replication.acks import GroupAck
-from replication.config import MAX_CHUNK_BYTES, ReplicationConfig
-from replication.epochs import EpochEntry, EpochFile, EpochLog
-from replication.log import CommitLogView, Probe, slave_probes
-from replication.master import (
+from tidemq.protos import replication_pb2, replication_pb2_grpc
+from tidemq.replication.acks import GroupAck
+from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig
+from tidemq.replication.epochs import EpochEntry, EpochFile, EpochLog
+from tidemq.replication.log import CommitLogView, Probe, slave_probes
+from tidemq.replication.master import (
     Accept,
     Drop,
     Handshake,
@@ -44,10 +44,10 @@ from replication.master import (
     decide_by_epochs,
     decide_handshake,
 )
-from replication.slave import ProtocolError, SlaveSession
-from storage import MessageStore
-from storage.errors import OffsetBelowMinError, StoreError
-from storage.results import PutStatus
+from tidemq.replication.slave import ProtocolError, SlaveSession
+from tidemq.storage import MessageStore
+from tidemq.storage.errors import OffsetBelowMinError, StoreError
+from tidemq.storage.results import PutStatus
 
 log = logging.getLogger(__name__)
 

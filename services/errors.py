@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from protos import common_pb2
-from protos.errors import error_metadata
-from storage import errors as store_errors
+from tidemq.protos import common_pb2
+from tidemq.protos.errors import error_metadata
+from tidemq.storage import errors as store_errors
 
 E = common_pb2
 

@@ -4,10 +4,10 @@ Imports nothing else of tidemq. The broker uses :class:`MessageStore`; everythin
 for the store's own layers, tools and tests.
 """
 
-from storage.config import FlushMode, StoreConfig
-from storage.record import AppendResult, Message, StoredMessage
-from storage.results import PutStatus
-from storage.store import GetResult, MessageStore, PutResult, StoreStats
+from tidemq.storage.config import FlushMode, StoreConfig
+from tidemq.storage.record import AppendResult, Message, StoredMessage
+from tidemq.storage.results import PutStatus
+from tidemq.storage.store import GetResult, MessageStore, PutResult, StoreStats
 
 __all__ = [
     "AppendResult",

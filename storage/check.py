@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from storage.atomic_file import read_json_with_fallback
-from storage.consume_queue import ENTRY, ENTRY_SIZE, ConsumeQueue, is_blank
-from storage.errors import StoreError
-from storage.index_file import IndexFile
-from storage.javahash import index_key_hash, tag_code
-from storage.lock import StoreLock
-from storage.mapped_file_queue import MappedFileQueue
-from storage.record import (
+from tidemq.storage.atomic_file import read_json_with_fallback
+from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, ConsumeQueue, is_blank
+from tidemq.storage.errors import StoreError
+from tidemq.storage.index_file import IndexFile
+from tidemq.storage.javahash import index_key_hash, tag_code
+from tidemq.storage.lock import StoreLock
+from tidemq.storage.mapped_file_queue import MappedFileQueue
+from tidemq.storage.record import (
     END_OF_FILE,
     OK,
     TRANSACTION_MASK,

@@ -24,7 +24,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from storage.atomic_file import fsync_dir
+from tidemq.storage.atomic_file import fsync_dir
 
 FILE_SIZE = 4096
 _FIELDS = struct.Struct(">qqqqqq")

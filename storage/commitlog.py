@@ -15,14 +15,14 @@ import struct
 import time
 from collections.abc import Iterator, Sequence
 
-from storage.errors import (
+from tidemq.storage.errors import (
     CorruptRecordError,
     OffsetBelowMinError,
     RawAppendOffsetError,
 )
-from storage.mapped_file import MappedFile, offset_to_name
-from storage.mapped_file_queue import MappedFileQueue
-from storage.record import (
+from tidemq.storage.mapped_file import MappedFile, offset_to_name
+from tidemq.storage.mapped_file_queue import MappedFileQueue
+from tidemq.storage.record import (
     BLANK_SIZE,
     CORRUPT,
     END_OF_FILE,

@@ -10,7 +10,7 @@ import enum
 import ipaddress
 from dataclasses import dataclass, field
 
-from storage.errors import ConfigError
+from tidemq.storage.errors import ConfigError
 
 COMMITLOG_MIN_FILE_SIZE_BYTES = 1024
 

@@ -20,7 +20,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-from storage.mapped_file_queue import MappedFileQueue
+from tidemq.storage.mapped_file_queue import MappedFileQueue
 
 ENTRY: Final = struct.Struct(">qiq")
 ENTRY_SIZE: Final = 20

@@ -13,12 +13,12 @@ import shutil
 import threading
 from collections.abc import Callable, Iterable
 
-from storage.commitlog import CommitLog
-from storage.consume_queue import GAP, ConsumeQueue
-from storage.errors import CorruptRecordError, CorruptStoreError
-from storage.index_file import IndexService
-from storage.javahash import tag_code_of_bytes
-from storage.record import (
+from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.consume_queue import GAP, ConsumeQueue
+from tidemq.storage.errors import CorruptRecordError, CorruptStoreError
+from tidemq.storage.index_file import IndexService
+from tidemq.storage.javahash import tag_code_of_bytes
+from tidemq.storage.record import (
     CORRUPT,
     END_OF_FILE,
     OK,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
-from storage.results import PutStatus
+from tidemq.storage.results import PutStatus
 
 log = logging.getLogger(__name__)
 

@@ -48,9 +48,9 @@ from array import array
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
-from storage.atomic_file import fsync_dir
-from storage.errors import ConfigError, CorruptStoreError, DiskFullError, StoreClosedError
-from storage.javahash import index_key_hash, topic_key_hash
+from tidemq.storage.atomic_file import fsync_dir
+from tidemq.storage.errors import ConfigError, CorruptStoreError, DiskFullError, StoreClosedError
+from tidemq.storage.javahash import index_key_hash, topic_key_hash
 
 _HEADER = struct.Struct(">qqqqii")
 # Everything but indexCount, which is written on its own and last: it is the commit point.

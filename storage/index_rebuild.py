@@ -35,9 +35,9 @@ import sys
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from storage.dispatch import Dispatcher
-from storage.errors import CorruptStoreError
-from storage.index_file import IndexService
+from tidemq.storage.dispatch import Dispatcher
+from tidemq.storage.errors import CorruptStoreError
+from tidemq.storage.index_file import IndexService
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ _PIPE_BYTES = 1 << 20
 
 # Not ``-m``: the storage package imports this module, and runpy warns when it runs a module
 # that its own package has imported already.
-_HELPER_MAIN = "import sys; from storage.index_rebuild import main; sys.exit(main(sys.argv[1:]))"
+_HELPER_MAIN = (
+    "import sys; from tidemq.storage.index_rebuild import main; sys.exit(main(sys.argv[1:]))"
+)
 
 IndexedMessages = Sequence[tuple[str, int, int, Sequence[bytes]]]
 
@@ -66,13 +68,16 @@ class IndexRebuildWorker:
         """``hold_fd``: a descriptor the helper keeps open until it exits: the store lock's, so
         that if this process dies first the store stays locked until the helper, which drains
         what is left in its pipe before it notices, has stopped writing."""
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # The folder holding the top-level package: one level up per dot in this module's name.
+        package_root = os.path.abspath(__file__)
+        for _ in range(__name__.count(".") + 1):
+            package_root = os.path.dirname(package_root)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_root, env.get("PYTHONPATH", "")) if p
         )
         # -P: do not put the working directory first on sys.path, so the helper runs this
-        # installation's storage package and not whatever "storage" the working directory holds.
+        # installation's tidemq package and not whatever "tidemq" the working directory holds.
         self._proc = subprocess.Popen(
             [
                 sys.executable,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 
-from storage.errors import StoreLockedError
+from tidemq.storage.errors import StoreLockedError
 
 
 class StoreLock:

@@ -14,7 +14,7 @@ import contextlib
 import mmap
 import os
 
-from storage.errors import CorruptStoreError, StoreNotWritableError
+from tidemq.storage.errors import CorruptStoreError, StoreNotWritableError
 
 PAGE_SIZE = mmap.PAGESIZE
 _ZERO_CHUNK = bytes(1 << 20)

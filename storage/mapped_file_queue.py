@@ -13,8 +13,8 @@ import logging
 import os
 from collections.abc import Callable
 
-from storage.errors import CorruptStoreError
-from storage.mapped_file import MappedFile, offset_to_name
+from tidemq.storage.errors import CorruptStoreError
+from tidemq.storage.mapped_file import MappedFile, offset_to_name
 
 log = logging.getLogger(__name__)
 

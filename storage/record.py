@@ -52,8 +52,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple, NoReturn
 
-from storage.crc import crc32
-from storage.errors import (
+from tidemq.storage.crc import crc32
+from tidemq.storage.errors import (
     BodyTooLargeError,
     InvalidMessageIdError,
     InvalidPropertyError,

@@ -23,15 +23,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from storage.atomic_file import fsync_dir
-from storage.checkpoint import Checkpoint
-from storage.commitlog import CommitLog
-from storage.consume_queue import ENTRY_SIZE
-from storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
-from storage.errors import CorruptStoreError
-from storage.index_file import IndexService
-from storage.index_rebuild import HelperIndexSink
-from storage.record import END_OF_FILE, OK, RecordInfo, check_record
+from tidemq.storage.atomic_file import fsync_dir
+from tidemq.storage.checkpoint import Checkpoint
+from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.consume_queue import ENTRY_SIZE
+from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
+from tidemq.storage.errors import CorruptStoreError
+from tidemq.storage.index_file import IndexService
+from tidemq.storage.index_rebuild import HelperIndexSink
+from tidemq.storage.record import END_OF_FILE, OK, RecordInfo, check_record
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from storage.config import StoreConfig
+from tidemq.storage.config import StoreConfig
 
 
 @dataclass(frozen=True)

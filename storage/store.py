@@ -19,13 +19,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from storage.atomic_file import fsync_dir, read_json_with_fallback, write_json_atomic
-from storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from storage.commitlog import CommitLog
-from storage.config import FlushMode, StoreConfig
-from storage.consume_queue import ConsumeQueue, is_blank
-from storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchListener
-from storage.errors import (
+from tidemq.storage.atomic_file import fsync_dir, read_json_with_fallback, write_json_atomic
+from tidemq.storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.config import FlushMode, StoreConfig
+from tidemq.storage.consume_queue import ConsumeQueue, is_blank
+from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchListener
+from tidemq.storage.errors import (
     ConfigError,
     CorruptRecordError,
     DiskFullError,
@@ -37,15 +37,15 @@ from storage.errors import (
     StoreNotWritableError,
     TailNotAlignedError,
 )
-from storage.flush import FlushService
-from storage.index_file import IndexService
-from storage.javahash import tag_code
-from storage.lock import StoreLock
-from storage.record import AppendResult, Message, StoredMessage, parse_msg_id
-from storage.recovery import EvidenceWriter, RecoveryReport, recover
-from storage.results import PutStatus
-from storage.retention import RetentionDecision, decide, expired_file_count
-from storage.warm import PageWarmer
+from tidemq.storage.flush import FlushService
+from tidemq.storage.index_file import IndexService
+from tidemq.storage.javahash import tag_code
+from tidemq.storage.lock import StoreLock
+from tidemq.storage.record import AppendResult, Message, StoredMessage, parse_msg_id
+from tidemq.storage.recovery import EvidenceWriter, RecoveryReport, recover
+from tidemq.storage.results import PutStatus
+from tidemq.storage.retention import RetentionDecision, decide, expired_file_count
+from tidemq.storage.warm import PageWarmer
 
 log = logging.getLogger(__name__)
 

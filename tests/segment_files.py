@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage import Message, MessageStore, StoreConfig
+from tidemq.storage import Message, MessageStore, StoreConfig
 
 FILE_SIZE = 16 * 1024
 TOPICS = (("orders", 3), ("audit-log", 2))

@@ -15,14 +15,20 @@ The Python SDK::
 ``tidemq.errors.TidemqError`` subclasses carrying ``retriable``.
 """
 
-from tidemq import errors
-from tidemq.admin import Admin, AsyncAdmin, QueueStatus
-from tidemq.consumer import AsyncConsumer, Consumer, ConsumerConfig
-from tidemq.errors import TidemqError
-from tidemq.producer import AsyncProducer, Producer, ProducerConfig
-from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
-from tidemq.routes import MessageQueue
-from tidemq.types import Message, ReceivedMessage, SendResult, SendStatus
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tidemq import errors
+    from tidemq.admin import Admin, AsyncAdmin, QueueStatus
+    from tidemq.consumer import AsyncConsumer, Consumer, ConsumerConfig
+    from tidemq.errors import TidemqError
+    from tidemq.producer import AsyncProducer, Producer, ProducerConfig
+    from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
+    from tidemq.routes import MessageQueue
+    from tidemq.types import Message, ReceivedMessage, SendResult, SendStatus
 
 __version__ = "0.1.0"
 
@@ -48,3 +54,43 @@ __all__ = [
     "TidemqError",
     "errors",
 ]
+
+# The SDK's names are loaded on first use (PEP 562): the server packages live in this namespace
+# too (tidemq.storage, tidemq.services, ...), and a broker, or the store's index helper process,
+# that imports them must not load the SDK and gRPC's client side with them.
+_HOMES = {
+    "Admin": "tidemq.admin",
+    "AsyncAdmin": "tidemq.admin",
+    "QueueStatus": "tidemq.admin",
+    "AsyncConsumer": "tidemq.consumer",
+    "Consumer": "tidemq.consumer",
+    "ConsumerConfig": "tidemq.consumer",
+    "TidemqError": "tidemq.errors",
+    "AsyncProducer": "tidemq.producer",
+    "Producer": "tidemq.producer",
+    "ProducerConfig": "tidemq.producer",
+    "AsyncQueueReader": "tidemq.reader",
+    "PullResult": "tidemq.reader",
+    "PullStatus": "tidemq.reader",
+    "QueueReader": "tidemq.reader",
+    "MessageQueue": "tidemq.routes",
+    "Message": "tidemq.types",
+    "ReceivedMessage": "tidemq.types",
+    "SendResult": "tidemq.types",
+    "SendStatus": "tidemq.types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "errors":
+        return importlib.import_module("tidemq.errors")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'tidemq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

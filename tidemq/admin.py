@@ -15,7 +15,6 @@ from typing import Any
 
 import grpc
 
-from protos import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.errors import (
     InvalidArgumentError,
@@ -24,6 +23,7 @@ from tidemq.errors import (
     TopicNotFoundError,
     from_rpc_error,
 )
+from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
 from tidemq.routes import AUTO_CREATE_TOPIC, NameServerClient, TopicRoute
 
 CALL_TIMEOUT_S = 10.0

@@ -34,8 +34,6 @@ from typing import Any
 
 import grpc
 
-from protos import broker_pb2, broker_pb2_grpc
-from storage.atomic_file import read_json_with_fallback, write_json_atomic
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.allocate import allocate_averagely
 from tidemq.errors import (
@@ -46,6 +44,8 @@ from tidemq.errors import (
     from_rpc_error,
 )
 from tidemq.fault import FaultToleranceConfig, LatencyFaultTolerance
+from tidemq.local_offsets import LocalOffsetStore, queue_key
+from tidemq.protos import broker_pb2, broker_pb2_grpc
 from tidemq.routes import BrokerGroup, MessageQueue, NameServerClient, RouteCache, TopicRoute
 from tidemq.types import ReceivedMessage
 
@@ -157,11 +157,11 @@ class AsyncConsumer:
         self._unreachable = LatencyFaultTolerance(
             FaultToleranceConfig(failure_isolation_ms=self.config.master_retry_ms)
         )
-        self._local_path = ""
+        self._local_store: LocalOffsetStore | None = None
         if self.config.mode == "broadcasting":
             base = self.config.local_offsets_dir or os.path.expanduser("~/.tidemq/offsets")
-            self._local_path = os.path.join(base, group, f"{self.config.instance_name}.json")
-            self._local_offsets = dict(read_json_with_fallback(self._local_path) or {})
+            self._local_store = LocalOffsetStore(base, group, self.config.instance_name)
+            self._local_offsets = self._local_store.load()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> AsyncConsumer:
@@ -287,7 +287,7 @@ class AsyncConsumer:
             if offset <= st.committed:
                 continue
             if self.config.mode == "broadcasting":
-                self._local_offsets[_local_key(st.mq)] = offset
+                self._local_offsets[queue_key(st.mq)] = offset
                 st.committed = offset
                 changed = True
                 continue
@@ -304,14 +304,14 @@ class AsyncConsumer:
                 log.warning("committing %s at %d failed: %s", st.mq, offset, e)
                 continue
             st.committed = offset
-        if changed:
+        if changed and self._local_store is not None:
             await asyncio.get_running_loop().run_in_executor(
-                None, _write_local_offsets, self._local_path, dict(self._local_offsets)
+                None, self._local_store.save, dict(self._local_offsets)
             )
 
     async def _initial_offset(self, mq: MessageQueue) -> int:
         if self.config.mode == "broadcasting":
-            stored = self._local_offsets.get(_local_key(mq))
+            stored = self._local_offsets.get(queue_key(mq))
             if stored is not None:
                 return stored
         else:
@@ -565,15 +565,6 @@ class AsyncConsumer:
         ones replace them)."""
         address, _ = await self._read_address(mq)
         return await self._invoke(mq, address, method, request, timeout_s)
-
-
-def _write_local_offsets(path: str, offsets: dict[str, int]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_json_atomic(path, offsets)
-
-
-def _local_key(mq: MessageQueue) -> str:
-    return f"{mq.topic}@{mq.broker_name}#{mq.queue_id}"
 
 
 class Consumer:

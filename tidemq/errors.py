@@ -19,8 +19,8 @@ from typing import Any
 
 import grpc
 
-from protos import common_pb2
-from protos.errors import detail_from_metadata
+from tidemq.protos import common_pb2
+from tidemq.protos.errors import detail_from_metadata
 
 
 class TidemqError(Exception):

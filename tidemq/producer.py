@@ -39,7 +39,6 @@ from tenacity import (
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from protos import broker_pb2, broker_pb2_grpc
 from tidemq._runtime import Channels, LoopThread, backoff, nameserver_addresses
 from tidemq.errors import (
     ClientClosedError,
@@ -51,6 +50,7 @@ from tidemq.errors import (
     is_retriable,
 )
 from tidemq.fault import FaultToleranceConfig, LatencyFaultTolerance
+from tidemq.protos import broker_pb2, broker_pb2_grpc
 from tidemq.routes import MessageQueue, NameServerClient, RouteCache, TopicRoute
 from tidemq.types import Message, SendResult, send_status
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import grpc
 
-from protos import broker_pb2, broker_pb2_grpc
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.errors import DataLossError, TidemqError, from_rpc_error
+from tidemq.protos import broker_pb2, broker_pb2_grpc
 from tidemq.routes import MessageQueue, NameServerClient, RouteCache
 from tidemq.types import ReceivedMessage
 

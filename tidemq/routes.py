@@ -16,9 +16,9 @@ from typing import Any
 
 import grpc
 
-from protos import nameserver_pb2, nameserver_pb2_grpc
 from tidemq._runtime import Channels
 from tidemq.errors import RouteNotFoundError, TidemqError, from_rpc_error
+from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pipeline.jobs import add_audit_arguments, job_main
-from pipeline.jobs.segments import find_segments
-from pipeline.session import get_session
+from tidemq.pipeline.jobs import add_audit_arguments, job_main
+from tidemq.pipeline.jobs.segments import find_segments
+from tidemq.pipeline.session import get_session
 
 ISO_FORMAT = "yyyy-MM-dd'T'HH:mm:ss.SSSXXX"  # with the session time zone's offset
 

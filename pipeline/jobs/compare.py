@@ -23,9 +23,9 @@ from typing import Any, Final
 
 from pyspark.sql import SparkSession
 
-from pipeline.jobs import add_compare_arguments, job_main
-from pipeline.jobs.segments import SEGMENT_NAME, Segment, data_end, record_at, segment_of
-from pipeline.session import get_session
+from tidemq.pipeline.jobs import add_compare_arguments, job_main
+from tidemq.pipeline.jobs.segments import SEGMENT_NAME, Segment, data_end, record_at, segment_of
+from tidemq.pipeline.session import get_session
 
 READ_BYTES: Final = 8 << 20
 

@@ -25,7 +25,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pipeline.jobs.segments import ScannedRecord, Split, find_segments, scan_split, splits
+from tidemq.pipeline.jobs.segments import ScannedRecord, Split, find_segments, scan_split, splits
 
 DEFAULT_SPLIT_BYTES: Final = 64 << 20
 ROWS_PER_BATCH: Final = 8192

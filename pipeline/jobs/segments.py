@@ -1,7 +1,7 @@
 """Archived CommitLog segment files: finding them, cutting them into splits, walking records.
 
 No Spark here: the jobs and the ``tidemq_segments`` data source run these functions in executor
-tasks. Records are decoded and checked with ``storage.record``, the store's own codec.
+tasks. Records are decoded and checked with ``tidemq.storage.record``, the store's own codec.
 
 A segment is named by the CommitLog offset of its first byte (20 digits), and every record
 carries its own CommitLog offset (PHYSICALOFFSET). A split is a byte range of one file and owns
@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from storage.record import (
+from tidemq.storage.record import (
     BLANK,
     BLANK_MAGIC,
     CORRUPT,

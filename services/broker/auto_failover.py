@@ -20,18 +20,18 @@ from typing import Any
 
 import grpc
 
-from protos import broker_pb2, common_pb2
-from replication.election import GroupState, ReplicaView
-from replication.epochs import EpochFile
-from replication.transport import ReplicationServicer, SlaveClient
-from services.broker.config import BrokerConfig
-from services.broker.config_sync import ConfigSync
-from services.broker.failover import FailoverAgent, FailoverSettings
-from services.broker.failover_znodes import GroupPaths, Leader
-from services.broker.role import RoleState, monotonic_ms
-from services.broker.topics import TopicConfig, TopicManager
-from services.errors import ServiceError
-from storage import MessageStore
+from tidemq.protos import broker_pb2, common_pb2
+from tidemq.replication.election import GroupState, ReplicaView
+from tidemq.replication.epochs import EpochFile
+from tidemq.replication.transport import ReplicationServicer, SlaveClient
+from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.broker.failover import FailoverAgent, FailoverSettings
+from tidemq.services.broker.failover_znodes import GroupPaths, Leader
+from tidemq.services.broker.role import RoleState, monotonic_ms
+from tidemq.services.broker.topics import TopicConfig, TopicManager
+from tidemq.services.errors import ServiceError
+from tidemq.storage import MessageStore
 
 log = logging.getLogger(__name__)
 

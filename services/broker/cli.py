@@ -8,8 +8,10 @@ import json
 import logging
 import sys
 
-from services.broker import config as broker_config
-from services.broker.server import serve
+from tidemq.services.broker import config as broker_config
+from tidemq.services.broker.server import serve
+from tidemq.services.dev import die_with_parent
+from tidemq.storage.cli import exits_on_store_error
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -118,10 +120,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, log_level=logging.INFO)
 
 
+@exits_on_store_error
 def run(args: argparse.Namespace) -> int:
+    die_with_parent()
     keys = (
         "cluster",
         "broker_name",
@@ -156,7 +160,6 @@ def run(args: argparse.Namespace) -> int:
     if args.store_overrides:
         overrides["store_overrides"] = json.loads(args.store_overrides)
     cfg = broker_config.load(args.config, overrides)
-    logging.getLogger().setLevel(logging.INFO)
     # The event loop answers sends and streams replication while background threads (dispatch,
     # page warming, config sync) run Python too. A thread woken by I/O waits for the GIL up to
     # the switch interval; at the default 5 ms, several such waits in a row showed up as tens of

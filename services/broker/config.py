@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from replication import ReplicationConfig
-from services.nameserver import zk_format
-from storage.config import FlushMode
-from storage.errors import ConfigError
+from tidemq.replication import ReplicationConfig
+from tidemq.services.nameserver import zk_format
+from tidemq.storage.config import FlushMode
+from tidemq.storage.errors import ConfigError
 
 
 class BrokerRole(enum.Enum):

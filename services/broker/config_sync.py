@@ -22,10 +22,10 @@ from typing import Any
 
 import grpc
 
-from protos import broker_pb2, broker_pb2_grpc, common_pb2
-from services.broker.groups import SubscriptionGroup, SubscriptionGroupManager
-from services.broker.offsets import CommittedOffset, OffsetManager
-from services.broker.topics import DataVersion, TopicConfig, TopicManager
+from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2
+from tidemq.services.broker.groups import SubscriptionGroup, SubscriptionGroupManager
+from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
+from tidemq.services.broker.topics import DataVersion, TopicConfig, TopicManager
 
 log = logging.getLogger(__name__)
 

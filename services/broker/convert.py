@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from protos import broker_pb2, common_pb2
-from services.errors import invalid
-from storage import Message, PutStatus, StoredMessage
-from storage.record import make_msg_id
+from tidemq.protos import broker_pb2, common_pb2
+from tidemq.services.errors import invalid
+from tidemq.storage import Message, PutStatus, StoredMessage
+from tidemq.storage.record import make_msg_id
 
 SEND_STATUS = {
     PutStatus.PUT_OK: broker_pb2.SEND_OK,

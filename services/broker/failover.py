@@ -2,7 +2,8 @@
 
 Every ``tick`` (a quarter of the lease) and on every watch, the agent reads the group's znodes
 (``failover_znodes``) with the broker's own ZooKeeper session and acts on what it saw; the
-decisions are ``replication.election``'s, the role change is the broker's (``FailoverHooks``).
+decisions are ``tidemq.replication.election``'s, the role
+change is the broker's (``FailoverHooks``).
 
 - **Master**: renews its lease with each read that finds the leader znode still its own and the
   state still at its epoch; anything else (the session expired, a newer epoch) and it steps down
@@ -30,11 +31,21 @@ from typing import Any, Protocol
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from replication.election import Candidate, GroupState, ReplicaView, isr_after, should_elect_self
-from services.broker import failover_znodes as zn
-from services.broker.role import RoleState, monotonic_ms
-from services.broker.zk_registration import ZnodeHeldElsewhereError, ZnodeRaceError, sync_znode
-from services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge
+from tidemq.replication.election import (
+    Candidate,
+    GroupState,
+    ReplicaView,
+    isr_after,
+    should_elect_self,
+)
+from tidemq.services.broker import failover_znodes as zn
+from tidemq.services.broker.role import RoleState, monotonic_ms
+from tidemq.services.broker.zk_registration import (
+    ZnodeHeldElsewhereError,
+    ZnodeRaceError,
+    sync_znode,
+)
+from tidemq.services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge
 
 log = logging.getLogger(__name__)
 

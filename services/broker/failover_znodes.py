@@ -1,5 +1,5 @@
 """Automatic failover's znodes: layout and format. Pure, so the rules are unit-tested without a
-server; ``services.broker.failover`` reads and writes them.
+server; ``tidemq.services.broker.failover`` reads and writes them.
 
 Layout, per broker group::
 
@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from replication.election import Candidate, GroupState
+from tidemq.replication.election import Candidate, GroupState
 
 FORMAT = 1
 

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from services.broker.topics import DataVersion
-from storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.services.broker.topics import DataVersion
+from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.exposition import start_http_server
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from services.broker.clients import ClientRegistry
-from services.broker.config import BrokerConfig
-from services.broker.groups import SubscriptionGroupManager
-from services.broker.offsets import OffsetManager
-from services.broker.topics import TopicManager
-from storage import Message, MessageStore
+from tidemq.services.broker.clients import ClientRegistry
+from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.topics import TopicManager
+from tidemq.storage import Message, MessageStore
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,17 @@ from typing import Any, NoReturn
 
 import grpc
 
-from protos import broker_pb2, common_pb2
-from replication import Identity, Refusal, RefusalKind
-from replication.transport import REFUSAL_STATUS, ReplicationServicer, SlaveClient, monotonic_ms
-from services.broker.config import BrokerConfig
-from services.broker.config_sync import ConfigSync
-from services.errors import ServiceError, abort_with
+from tidemq.protos import broker_pb2, common_pb2
+from tidemq.replication import Identity, Refusal, RefusalKind
+from tidemq.replication.transport import (
+    REFUSAL_STATUS,
+    ReplicationServicer,
+    SlaveClient,
+    monotonic_ms,
+)
+from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.errors import ServiceError, abort_with
 
 log = logging.getLogger(__name__)
 

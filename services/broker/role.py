@@ -21,7 +21,7 @@ import enum
 import time
 from dataclasses import dataclass
 
-from services.broker.config import BrokerRole
+from tidemq.services.broker.config import BrokerRole
 
 
 class Mode(enum.Enum):

@@ -14,35 +14,35 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import (
+from tidemq.protos import (
     broker_pb2,
     broker_pb2_grpc,
     nameserver_pb2,
     nameserver_pb2_grpc,
     replication_pb2_grpc,
 )
-from replication.transport import SlaveClient
-from services.broker.auto_failover import AutomaticFailover
-from services.broker.clients import ClientRegistry
-from services.broker.config import BrokerConfig, BrokerRole
-from services.broker.config_sync import ConfigSync
-from services.broker.groups import SubscriptionGroupManager
-from services.broker.long_polling import PullWaiters
-from services.broker.metrics import BrokerMetrics
-from services.broker.offsets import OffsetManager
-from services.broker.publication import RegistrationRounds
-from services.broker.replication import (
+from tidemq.replication.transport import SlaveClient
+from tidemq.services.broker.auto_failover import AutomaticFailover
+from tidemq.services.broker.clients import ClientRegistry
+from tidemq.services.broker.config import BrokerConfig, BrokerRole
+from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.long_polling import PullWaiters
+from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.publication import RegistrationRounds
+from tidemq.services.broker.replication import (
     TypedReplicationServicer,
     identity,
     report_lag,
     status_proto,
 )
-from services.broker.role import RoleState
-from services.broker.servicer import BrokerServicer, broker_info, topic_protos
-from services.broker.topics import TopicManager
-from services.broker.zk_registration import ZkRegistration
-from services.errors import add_servicer
-from storage import MessageStore, StoreConfig
+from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.servicer import BrokerServicer, broker_info, topic_protos
+from tidemq.services.broker.topics import TopicManager
+from tidemq.services.broker.zk_registration import ZkRegistration
+from tidemq.services.errors import add_servicer
+from tidemq.storage import MessageStore, StoreConfig
 
 log = logging.getLogger(__name__)
 

@@ -16,22 +16,27 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from protos import broker_pb2, broker_pb2_grpc, common_pb2
-from replication.transport import ReplicationServicer
-from services.broker import config_sync
-from services.broker.clients import ClientRegistry
-from services.broker.config import BrokerConfig, BrokerRole
-from services.broker.convert import SEND_STATUS, parse_tag_expression, to_proto, to_store_message
-from services.broker.groups import SubscriptionGroupManager
-from services.broker.long_polling import PullWaiters
-from services.broker.metrics import BrokerMetrics
-from services.broker.offsets import OffsetManager
-from services.broker.role import RoleState, monotonic_ms
-from services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
-from services.errors import ServiceError, abort_with, invalid, not_found, to_service_error
-from storage import MessageStore, PutStatus
-from storage.config import parse_host
-from storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
+from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2
+from tidemq.replication.transport import ReplicationServicer
+from tidemq.services.broker import config_sync
+from tidemq.services.broker.clients import ClientRegistry
+from tidemq.services.broker.config import BrokerConfig, BrokerRole
+from tidemq.services.broker.convert import (
+    SEND_STATUS,
+    parse_tag_expression,
+    to_proto,
+    to_store_message,
+)
+from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.long_polling import PullWaiters
+from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.role import RoleState, monotonic_ms
+from tidemq.services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
+from tidemq.services.errors import ServiceError, abort_with, invalid, not_found, to_service_error
+from tidemq.storage import MessageStore, PutStatus
+from tidemq.storage.config import parse_host
+from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +59,7 @@ def typed_errors(fn: Handler[R]) -> Handler[R]:
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except Exception as e:
-            if not isinstance(e, ServiceError) and type(e).__module__.split(".")[0] != "storage":
+            if not isinstance(e, ServiceError | StoreError):  # typed errors are answers, not bugs
                 log.exception("%s failed", fn.__name__)
             err = to_service_error(e)
             if metrics is not None:

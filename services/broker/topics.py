@@ -11,8 +11,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from storage.atomic_file import read_json_with_fallback, write_json_atomic
-from storage.record import validate_topic
+from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage.record import validate_topic
 
 PERM_READ = 4
 PERM_WRITE = 2

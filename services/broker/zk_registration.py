@@ -1,6 +1,6 @@
 """A broker's registration in ZooKeeper: one ephemeral znode, kept in step with the broker.
 
-The znode (path and bytes: ``services.nameserver.zk_format``) lives under the broker's own
+The znode (path and bytes: ``tidemq.services.nameserver.zk_format``) lives under the broker's own
 kazoo session, so it disappears when the broker does:
 
 - clean shutdown: ``stop`` deletes it at once, then closes the session;
@@ -42,17 +42,17 @@ from typing import Any
 from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
-from protos import nameserver_pb2
-from services.broker.config import BrokerConfig
-from services.broker.role import RoleState
-from services.broker.servicer import broker_info, topic_protos
-from services.broker.topics import TopicManager
-from services.errors import ServiceError
-from services.nameserver import zk_format
-from services.nameserver.route_table import BrokerRegistration
-from services.nameserver.servicer import registration_from_wire
-from services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge, new_client
-from storage.errors import ConfigError
+from tidemq.protos import nameserver_pb2
+from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.servicer import broker_info, topic_protos
+from tidemq.services.broker.topics import TopicManager
+from tidemq.services.errors import ServiceError
+from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver.route_table import BrokerRegistration
+from tidemq.services.nameserver.servicer import registration_from_wire
+from tidemq.services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge, new_client
+from tidemq.storage.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.nameserver.route_table import (
+from tidemq.services.nameserver.route_table import (
     BrokerRegistration,
     ClusterInfo,
     MasterAddresses,

@@ -6,7 +6,7 @@ a ZooKeeper ensemble: then brokers keep ephemeral znodes there and this nameserv
 them (``zk_registry``).
 
 ``tidemq nameserver --listen HOST:PORT [--zk HOSTS] [--zk-root PATH]`` runs it (``tidemq.cli``),
-as does ``python -m services.nameserver.server``.
+as does ``python -m tidemq.services.nameserver.server``.
 """
 
 from __future__ import annotations
@@ -21,12 +21,13 @@ from collections.abc import Sequence
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import nameserver_pb2, nameserver_pb2_grpc
-from services.errors import add_servicer
-from services.nameserver import zk_format
-from services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig, Registry
-from services.nameserver.servicer import NameServerServicer, parse_host_port
-from services.nameserver.zk_registry import ZooKeeperRegistry, ZooKeeperRegistryConfig
+from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
+from tidemq.services.dev import die_with_parent
+from tidemq.services.errors import add_servicer
+from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig, Registry
+from tidemq.services.nameserver.servicer import NameServerServicer, parse_host_port
+from tidemq.services.nameserver.zk_registry import ZooKeeperRegistry, ZooKeeperRegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -199,8 +200,16 @@ def _configs(
         raise StartupError(str(e)) from None
 
 
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``tidemq nameserver`` (the ``tidemq.commands`` entry point)."""
+    p = sub.add_parser("nameserver", help=DESCRIPTION)
+    add_arguments(p)
+    p.set_defaults(func=run, log_level=logging.INFO)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run with parsed arguments (``add_arguments``); the exit code."""
+    die_with_parent()
     try:
         registry_config, zk_config = _configs(args)
         asyncio.run(serve(args.listen, registry_config, zk_config=zk_config))

@@ -1,7 +1,7 @@
 """The NameServer gRPC service: decode and validate a request, ask the registry, encode the reply.
 
-Every failure leaves as a gRPC status plus a typed ``ErrorDetail`` (``services.errors``): bad input
-is INVALID_ARGUMENT, an unknown topic NOT_FOUND/ROUTE_NOT_FOUND, a stale master
+Every failure leaves as a gRPC status plus a typed ``ErrorDetail`` (``tidemq.services.errors``):
+bad input is INVALID_ARGUMENT, an unknown topic NOT_FOUND/ROUTE_NOT_FOUND, a stale master
 FAILED_PRECONDITION/STALE_EPOCH, a heartbeat to a nameserver on ZooKeeper
 FAILED_PRECONDITION/INVALID_ARGUMENT, a registry not yet read UNAVAILABLE/ROUTE_NOT_FOUND
 (retriable), and a bug INTERNAL. Nothing escapes as UNKNOWN.
@@ -17,14 +17,14 @@ from typing import Any, TypeVar
 
 import grpc
 
-from protos import common_pb2, nameserver_pb2, nameserver_pb2_grpc
-from services.errors import ServiceError, abort_with, invalid, not_found
-from services.nameserver.registry import (
+from tidemq.protos import common_pb2, nameserver_pb2, nameserver_pb2_grpc
+from tidemq.services.errors import ServiceError, abort_with, invalid, not_found
+from tidemq.services.nameserver.registry import (
     HeartbeatsRefusedError,
     Registry,
     RegistryUnavailableError,
 )
-from services.nameserver.route_table import (
+from tidemq.services.nameserver.route_table import (
     MASTER_ID,
     BrokerData,
     BrokerLive,
@@ -35,8 +35,8 @@ from services.nameserver.route_table import (
     StaleEpochError,
     TopicQueues,
 )
-from storage.errors import InvalidTopicError
-from storage.record import validate_topic
+from tidemq.storage.errors import InvalidTopicError
+from tidemq.storage.record import validate_topic
 
 log = logging.getLogger(__name__)
 

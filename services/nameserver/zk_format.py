@@ -1,8 +1,8 @@
 """The ZooKeeper registry's layout and znode format: what brokers write and nameservers read.
 
 Pure: no connection to ZooKeeper, so every rule here is unit-tested without a server. Brokers
-(``services.broker.zk_registration``) encode, nameservers (``services.nameserver.zk_registry``)
-decode; this module owns the format.
+(``tidemq.services.broker.zk_registration``) encode, nameservers
+(``tidemq.services.nameserver.zk_registry``) decode; this module owns the format.
 
 Layout
 ------
@@ -54,10 +54,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from protos import common_pb2, nameserver_pb2
-from services.errors import ServiceError
-from services.nameserver.route_table import BrokerRegistration, BrokerRole
-from services.nameserver.servicer import parse_host_port, registration_from_wire
+from tidemq.protos import common_pb2, nameserver_pb2
+from tidemq.services.errors import ServiceError
+from tidemq.services.nameserver.route_table import BrokerRegistration, BrokerRole
+from tidemq.services.nameserver.servicer import parse_host_port, registration_from_wire
 
 FORMAT = 1
 DEFAULT_ROOT = "/tidemq"

@@ -49,14 +49,14 @@ from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 
-from services.nameserver import zk_format
-from services.nameserver.registry import (
+from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver.registry import (
     HeartbeatsRefusedError,
     RegistryStatus,
     RegistryUnavailableError,
     wall_clock_ms,
 )
-from services.nameserver.route_table import (
+from tidemq.services.nameserver.route_table import (
     BrokerRegistration,
     ClusterInfo,
     MasterAddresses,

@@ -12,7 +12,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.broker import config as broker_config
 from tests.deploy.chart import (
     CHART,
     KUBE_VERSION,
@@ -27,6 +26,7 @@ from tests.deploy.chart import (
     run_helm,
 )
 from tidemq import cli, entrypoint
+from tidemq.services.broker import config as broker_config
 
 pytestmark = [
     pytest.mark.deploy,

@@ -21,8 +21,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 from tests.integration.zookeeper import start_zookeeper, zk_root, zookeeper  # noqa: F401 - fixtures
+from tidemq.protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0

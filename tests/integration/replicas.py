@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from protos import broker_pb2, common_pb2
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.waiting import wait_until
+from tidemq.protos import broker_pb2, common_pb2
 
 ONE_MIB_FILES = (
     '{"commitlog_file_size_bytes": 1048576, "consume_queue_entries_per_file": 10000,'

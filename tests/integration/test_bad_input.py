@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protos import broker_pb2, broker_pb2_grpc, common_pb2
-from protos.errors import detail_from_metadata
 from tests.integration.conftest import SMALL_STORE, BrokerProcess, free_port, spawn
 from tests.integration.test_broker_operations import sample, scrape
+from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2
+from tidemq.protos.errors import detail_from_metadata
 
 pytestmark = pytest.mark.integration
 

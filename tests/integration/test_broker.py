@@ -9,10 +9,10 @@ import time
 import grpc
 import pytest
 
-from protos import broker_pb2, common_pb2, nameserver_pb2
-from protos.errors import detail_from_metadata
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.waiting import wait_until
+from tidemq.protos import broker_pb2, common_pb2, nameserver_pb2
+from tidemq.protos.errors import detail_from_metadata
 
 pytestmark = pytest.mark.integration
 

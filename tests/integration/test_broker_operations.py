@@ -9,10 +9,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from protos import broker_pb2, common_pb2
 from tests.integration.conftest import StartBroker, free_port
 from tests.integration.test_broker import create_topic, error_of, send
 from tests.waiting import wait_until
+from tidemq.protos import broker_pb2, common_pb2
 
 pytestmark = pytest.mark.integration
 

@@ -11,10 +11,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from protos import common_pb2, nameserver_pb2
-from protos.errors import detail_from_metadata
 from tests.integration.conftest import NameServerProcess, StartNameServer
 from tests.waiting import wait_until
+from tidemq.protos import common_pb2, nameserver_pb2
+from tidemq.protos.errors import detail_from_metadata
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from protos import common_pb2, replication_pb2, replication_pb2_grpc
-from protos.errors import detail_from_metadata
 from tests.integration.conftest import NameServerProcess, StartBroker
 from tests.integration.replicas import (
     GROUP,
@@ -24,6 +22,8 @@ from tests.integration.replicas import (
     wait_identical,
     while_streaming,
 )
+from tidemq.protos import common_pb2, replication_pb2, replication_pb2_grpc
+from tidemq.protos.errors import detail_from_metadata
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ import urllib.request
 import pytest
 
 import tidemq
-from protos import broker_pb2
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.integration.replicas import (
     ONE_MIB_FILES,
@@ -32,6 +31,7 @@ from tests.integration.replicas import (
     wait_in_sync,
 )
 from tests.waiting import wait_until
+from tidemq.protos import broker_pb2
 
 pytestmark = pytest.mark.integration
 

@@ -16,8 +16,6 @@ from typing import Any
 import grpc
 import pytest
 
-from protos import broker_pb2, common_pb2, nameserver_pb2
-from protos.errors import detail_from_metadata
 from tests.integration.conftest import (
     BrokerProcess,
     NameServerProcess,
@@ -27,6 +25,8 @@ from tests.integration.conftest import (
 from tests.integration.replicas import topic_names
 from tests.integration.zookeeper import StartZooKeeper, ZooKeeperServer
 from tests.waiting import wait_until
+from tidemq.protos import broker_pb2, common_pb2, nameserver_pb2
+from tidemq.protos.errors import detail_from_metadata
 
 pytestmark = pytest.mark.integration
 

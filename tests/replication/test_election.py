@@ -3,8 +3,8 @@ over, who should, how the ISR moves, and what the SYNC acknowledgement counts as
 
 from __future__ import annotations
 
-from replication.config import ReplicationConfig
-from replication.election import (
+from tidemq.replication.config import ReplicationConfig
+from tidemq.replication.election import (
     Candidate,
     Elected,
     GroupState,
@@ -15,7 +15,7 @@ from replication.election import (
     isr_after,
     should_elect_self,
 )
-from replication.master import Accept, MasterTracker
+from tidemq.replication.master import Accept, MasterTracker
 
 
 def state(epoch: int, master: int, *isr: int, preferred: int | None = None) -> GroupState:

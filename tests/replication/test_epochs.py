@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replication.epochs import (
+from tidemq.replication.epochs import (
     EpochEntry,
     EpochFile,
     EpochFileError,

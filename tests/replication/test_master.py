@@ -6,9 +6,16 @@ import zlib
 
 import pytest
 
-from replication import Accept, Identity, MasterTracker, Refusal, RefusalKind, ReplicationConfig
-from replication.log import Probe
-from replication.master import Drop, Handshake, Send, SendHeartbeat, Wait, decide_handshake
+from tidemq.replication import (
+    Accept,
+    Identity,
+    MasterTracker,
+    Refusal,
+    RefusalKind,
+    ReplicationConfig,
+)
+from tidemq.replication.log import Probe
+from tidemq.replication.master import Drop, Handshake, Send, SendHeartbeat, Wait, decide_handshake
 
 pytestmark = pytest.mark.unit
 

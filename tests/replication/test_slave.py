@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from replication.slave import ProtocolError, SlaveSession, TruncateTo
+from tidemq.replication.slave import ProtocolError, SlaveSession, TruncateTo
 
 pytestmark = pytest.mark.unit
 

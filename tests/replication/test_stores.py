@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from replication import Accept, Identity, MasterTracker, ReplicationConfig, SlaveSession
-from replication.log import CommitLogView, slave_probes
-from replication.master import Handshake, Send, decide_handshake
-from storage import Message, MessageStore, StoreConfig
+from tidemq.replication import Accept, Identity, MasterTracker, ReplicationConfig, SlaveSession
+from tidemq.replication.log import CommitLogView, slave_probes
+from tidemq.replication.master import Handshake, Send, decide_handshake
+from tidemq.storage import Message, MessageStore, StoreConfig
 
 pytestmark = pytest.mark.store
 

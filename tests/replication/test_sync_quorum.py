@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from replication.acks import GroupAck, quorum_offset
-from replication.config import ReplicationConfig
-from replication.master import Accept, MasterTracker
+from tidemq.replication.acks import GroupAck, quorum_offset
+from tidemq.replication.config import ReplicationConfig
+from tidemq.replication.master import Accept, MasterTracker
 
 FILE = 1 << 20
 

@@ -14,14 +14,13 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline.session import get_session
-
 # The integration fixtures: real processes, stopped by PID, logs printed when a test failed.
 from tests.integration.conftest import (  # noqa: F401 - fixtures and the report hook
     pytest_runtest_makereport,
     start_broker,
     start_nameserver,
 )
+from tidemq.pipeline.session import get_session
 
 
 @pytest.fixture(scope="session")

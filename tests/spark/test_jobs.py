@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from pipeline.jobs.audit import audit
-from pipeline.jobs.compare import compare
 from tests.segment_files import (
     FILE_SIZE,
     damaged_archive,
@@ -18,6 +16,8 @@ from tests.segment_files import (
     segment_path,
     write_segments,
 )
+from tidemq.pipeline.jobs.audit import audit
+from tidemq.pipeline.jobs.compare import compare
 
 pytestmark = pytest.mark.spark
 

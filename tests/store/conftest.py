@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from storage import MessageStore, StoreConfig
+from tidemq.storage import MessageStore, StoreConfig
 
 StoreFactory = Callable[..., MessageStore]
 

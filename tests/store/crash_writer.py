@@ -28,9 +28,9 @@ import signal
 import sys
 from typing import Any
 
-from storage import FlushMode, PutStatus
-from storage.errors import StoreLockedError
 from tests.store import helpers
+from tidemq.storage import FlushMode, PutStatus
+from tidemq.storage.errors import StoreLockedError
 
 
 def die(what: str) -> None:
@@ -41,8 +41,8 @@ def die(what: str) -> None:
 
 def arm(failpoint: str, after: int, rng: random.Random) -> None:
     # Typed as Any: the failpoints replace module functions and a method on purpose.
-    commitlog: Any = importlib.import_module("storage.commitlog")
-    evidence_writer: Any = importlib.import_module("storage.recovery").EvidenceWriter
+    commitlog: Any = importlib.import_module("tidemq.storage.commitlog")
+    evidence_writer: Any = importlib.import_module("tidemq.storage.recovery").EvidenceWriter
     left = after
     if failpoint == "evidence-kill":
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from storage import FlushMode, Message, MessageStore, PutStatus, StoreConfig, StoredMessage
-from storage.commitlog import AppendResult
-from storage.record import HEADERS
+from tidemq.storage import FlushMode, Message, MessageStore, PutStatus, StoreConfig, StoredMessage
+from tidemq.storage.commitlog import AppendResult
+from tidemq.storage.record import HEADERS
 
 REPO = Path(__file__).resolve().parents[2]
 WRITER = Path(__file__).resolve().with_name("crash_writer.py")

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from storage.atomic_file import read_json_with_fallback, read_with_fallback, write_atomic
+from tidemq.storage.atomic_file import read_json_with_fallback, read_with_fallback, write_atomic
 
 pytestmark = pytest.mark.store
 
 WRITER = """
 import os, signal, sys
-import storage.atomic_file as a
+import tidemq.storage.atomic_file as a
 path, stage = sys.argv[1], sys.argv[2]
 real_replace = os.replace
 def dying_replace(src, dst):

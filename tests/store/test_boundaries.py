@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import Message, MessageStore
-from storage.errors import BodyTooLargeError, RawAppendOffsetError, TailNotAlignedError
-from storage.record import BLANK_MAGIC, encode_record
 from tests.store.conftest import StoreFactory, tiny_config
+from tidemq.storage import Message, MessageStore
+from tidemq.storage.errors import BodyTooLargeError, RawAppendOffsetError, TailNotAlignedError
+from tidemq.storage.record import BLANK_MAGIC, encode_record
 
 pytestmark = pytest.mark.store
 

@@ -18,16 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from storage import FlushMode, Message, MessageStore, PutStatus
-from storage.check import check_store
-from storage.checkpoint import read_checkpoint
-from storage.errors import (
-    CorruptRecordError,
-    CorruptStoreError,
-    MessageNotFoundError,
-    StoreError,
-)
-from storage.recovery import RecoveryReport
 from tests.store.helpers import (
     BODY_AT,
     FILE_SIZE,
@@ -45,6 +35,16 @@ from tests.store.helpers import (
     verify_exactly,
     zero_log,
 )
+from tidemq.storage import FlushMode, Message, MessageStore, PutStatus
+from tidemq.storage.check import check_store
+from tidemq.storage.checkpoint import read_checkpoint
+from tidemq.storage.errors import (
+    CorruptRecordError,
+    CorruptStoreError,
+    MessageNotFoundError,
+    StoreError,
+)
+from tidemq.storage.recovery import RecoveryReport
 
 pytestmark = pytest.mark.store
 

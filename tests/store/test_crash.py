@@ -20,9 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from storage import FlushMode, MessageStore
-from storage.check import check_store
-from storage.errors import StoreLockedError
 from tests.store.helpers import (
     FILE_SIZE,
     Ack,
@@ -36,6 +33,9 @@ from tests.store.helpers import (
     start_store,
     store_config,
 )
+from tidemq.storage import FlushMode, MessageStore
+from tidemq.storage.check import check_store
+from tidemq.storage.errors import StoreLockedError
 
 pytestmark = pytest.mark.store
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import FlushMode, Message, MessageStore, PutStatus
-from storage.flush import FlushService
 from tests.store.conftest import tiny_config
 from tests.waiting import wait_until
+from tidemq.storage import FlushMode, Message, MessageStore, PutStatus
+from tidemq.storage.flush import FlushService
 
 pytestmark = pytest.mark.store
 

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.errors import CorruptStoreError
-from storage.index_file import IndexFile, IndexService, index_file_size
+from tidemq.storage.errors import CorruptStoreError
+from tidemq.storage.index_file import IndexFile, IndexService, index_file_size
 
 pytestmark = pytest.mark.store
 
@@ -447,7 +447,7 @@ def test_load_removes_leftover_tmp(tmp_path: Path) -> None:
 # one of the module's Struct objects for one that kills the process right after a given write.
 CHILD = """
 import os, signal, sys
-import storage.index_file as m
+import tidemq.storage.index_file as m
 
 class KillAfter:
     def __init__(self, inner, calls):

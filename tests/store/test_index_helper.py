@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from storage import dispatch
-from storage.check import check_store
-from storage.config import StoreConfig
-from storage.errors import ConfigError, StoreLockedError
-from storage.index_file import IndexService
-from storage.index_rebuild import IndexRebuildWorker
-from storage.lock import StoreLock
-from storage.store import MessageStore
 from tests.store.helpers import Ack, put_batches, start_store, store_config, verify_exactly
+from tidemq.storage import dispatch
+from tidemq.storage.check import check_store
+from tidemq.storage.config import StoreConfig
+from tidemq.storage.errors import ConfigError, StoreLockedError
+from tidemq.storage.index_file import IndexService
+from tidemq.storage.index_rebuild import IndexRebuildWorker
+from tidemq.storage.lock import StoreLock
+from tidemq.storage.store import MessageStore
 
 pytestmark = pytest.mark.store
 

@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.jobs.segments import (
+from tests.segment_files import (
+    FILE_SIZE,
+    damaged_archive,
+    write_segments,
+)
+from tidemq.pipeline.jobs.segments import (
     SegmentError,
     Split,
     data_end,
@@ -14,11 +19,6 @@ from pipeline.jobs.segments import (
     record_at,
     scan_split,
     splits,
-)
-from tests.segment_files import (
-    FILE_SIZE,
-    damaged_archive,
-    write_segments,
 )
 
 pytestmark = pytest.mark.store

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from storage import Message, MessageStore
-from storage.errors import DiskFullError, OffsetBelowMinError
 from tests.store.conftest import tiny_config
+from tidemq.storage import Message, MessageStore
+from tidemq.storage.errors import DiskFullError, OffsetBelowMinError
 
 pytestmark = pytest.mark.store
 

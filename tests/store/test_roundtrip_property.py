@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import Message, MessageStore, StoreConfig
-from storage.check import check_store
+from tidemq.storage import Message, MessageStore, StoreConfig
+from tidemq.storage.check import check_store
 
 pytestmark = pytest.mark.store
 

@@ -4,14 +4,14 @@ import time
 
 import pytest
 
-from storage import AppendResult, Message, MessageStore, PutStatus
-from storage.errors import (
+from tests.store.conftest import StoreFactory
+from tidemq.storage import AppendResult, Message, MessageStore, PutStatus
+from tidemq.storage.errors import (
     InvalidQueueIdError,
     InvalidTopicError,
     MessageNotFoundError,
     OffsetBeyondMaxError,
 )
-from tests.store.conftest import StoreFactory
 
 pytestmark = pytest.mark.store
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import Message, MessageStore
-from storage.warm import next_warm_range
 from tests.store.conftest import tiny_config
 from tests.waiting import wait_until
+from tidemq.storage import Message, MessageStore
+from tidemq.storage.warm import next_warm_range
 
 MiB = 1 << 20
 

@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from services.broker.clients import ClientRegistry
-from services.broker.config import BrokerRole, load
-from services.broker.convert import parse_tag_expression
-from services.broker.offsets import OffsetManager
-from services.broker.publication import RegistrationRounds
-from services.broker.topics import TopicConfig, TopicManager
-from services.errors import ServiceError
-from storage.errors import ConfigError, InvalidTopicError
+from tidemq.services.broker.clients import ClientRegistry
+from tidemq.services.broker.config import BrokerRole, load
+from tidemq.services.broker.convert import parse_tag_expression
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.publication import RegistrationRounds
+from tidemq.services.broker.topics import TopicConfig, TopicManager
+from tidemq.services.errors import ServiceError
+from tidemq.storage.errors import ConfigError, InvalidTopicError
 
 pytestmark = pytest.mark.unit
 

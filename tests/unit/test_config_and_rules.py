@@ -2,9 +2,9 @@
 
 import pytest
 
-from storage.config import StoreConfig, parse_host
-from storage.errors import ConfigError
-from storage.retention import decide, expired_file_count
+from tidemq.storage.config import StoreConfig, parse_host
+from tidemq.storage.errors import ConfigError
+from tidemq.storage.retention import decide, expired_file_count
 
 pytestmark = pytest.mark.unit
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from protos import broker_pb2
-from services.broker import config_sync
-from services.broker.config_sync import ConfigSync
-from services.broker.groups import SubscriptionGroupManager
-from services.broker.offsets import CommittedOffset, OffsetManager
-from services.broker.servicer import topic_proto
-from services.broker.topics import TopicConfig, TopicManager
+from tidemq.protos import broker_pb2
+from tidemq.services.broker import config_sync
+from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
+from tidemq.services.broker.servicer import topic_proto
+from tidemq.services.broker.topics import TopicConfig, TopicManager
 
 
 class Broker:

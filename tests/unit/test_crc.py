@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage import crc
+from tidemq.storage import crc
 
 pytestmark = pytest.mark.unit
 

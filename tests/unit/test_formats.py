@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
-from storage.consume_queue import BLANK_ENTRY, ENTRY
+from tidemq.storage.checkpoint import Checkpoint, read_checkpoint, write_checkpoint
+from tidemq.storage.consume_queue import BLANK_ENTRY, ENTRY
 
 pytestmark = pytest.mark.unit
 

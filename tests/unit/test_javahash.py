@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.javahash import index_key_hash, java_hash, tag_code, topic_key_hash
+from tidemq.storage.javahash import index_key_hash, java_hash, tag_code, topic_key_hash
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.offsets import (
+from tidemq.pipeline.offsets import (
     EARLIEST,
     LATEST,
     OffsetSpecError,
@@ -17,7 +17,7 @@ from pipeline.offsets import (
     resolve,
     to_json_dict,
 )
-from pipeline.options import OptionError, ReadOptions, WriteOptions
+from tidemq.pipeline.options import OptionError, ReadOptions, WriteOptions
 from tidemq.routes import MessageQueue
 
 pytestmark = pytest.mark.unit

@@ -5,7 +5,7 @@ import zlib
 
 import pytest
 
-from storage.errors import (
+from tidemq.storage.errors import (
     BodyTooLargeError,
     InvalidMessageIdError,
     InvalidPropertyError,
@@ -13,7 +13,7 @@ from storage.errors import (
     InvalidTopicError,
     PropertiesTooLargeError,
 )
-from storage.record import (
+from tidemq.storage.record import (
     CORRUPT,
     END_OF_FILE,
     INCOMPLETE,

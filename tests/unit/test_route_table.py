@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.nameserver.route_table import (
+from tidemq.services.nameserver.route_table import (
     BrokerRef,
     BrokerRegistration,
     BrokerRole,

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protos import common_pb2, nameserver_pb2
-from protos.errors import error_metadata
 from tidemq import errors
 from tidemq.allocate import allocate_averagely
 from tidemq.errors import from_rpc_error
 from tidemq.fault import LatencyFaultTolerance
+from tidemq.protos import common_pb2, nameserver_pb2
+from tidemq.protos.errors import error_metadata
 from tidemq.routes import MessageQueue, TopicRoute
 from tidemq.types import ReceivedMessage, SendStatus, send_status
 

@@ -1,4 +1,4 @@
-"""The ZooKeeper registry's znode format and layout (``services.nameserver.zk_format``)."""
+"""The ZooKeeper registry's znode format and layout (``tidemq.services.nameserver.zk_format``)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.nameserver import zk_format
-from services.nameserver.route_table import (
+from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver.route_table import (
     BrokerRegistration,
     BrokerRole,
     DataVersion,
     TopicQueues,
 )
-from services.nameserver.zk_format import BrokerNodeName, ZnodeDataError, ZooKeeperConfigError
+from tidemq.services.nameserver.zk_format import (
+    BrokerNodeName,
+    ZnodeDataError,
+    ZooKeeperConfigError,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
-from services.broker.config import BrokerConfig, BrokerRole
-from services.broker.role import RoleState
-from services.broker.topics import TopicConfig, TopicManager
-from services.broker.zk_registration import (
+from tidemq.services.broker.config import BrokerConfig, BrokerRole
+from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.topics import TopicConfig, TopicManager
+from tidemq.services.broker.zk_registration import (
     Synced,
     ZkRegistration,
     ZnodeHeldElsewhereError,
@@ -22,10 +22,10 @@ from services.broker.zk_registration import (
     broker_registration,
     sync_znode,
 )
-from services.nameserver import zk_format
-from services.nameserver.route_table import BrokerRole as WireRole
-from services.nameserver.route_table import TopicQueues
-from storage.errors import ConfigError
+from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver.route_table import BrokerRole as WireRole
+from tidemq.services.nameserver.route_table import TopicQueues
+from tidemq.storage.errors import ConfigError
 
 pytestmark = pytest.mark.unit
 

@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.nameserver import server, zk_format
-from services.nameserver.route_table import (
+from tidemq.services.nameserver import server, zk_format
+from tidemq.services.nameserver.route_table import (
     BrokerRegistration,
     BrokerRole,
     DataVersion,
     RouteTable,
     TopicQueues,
 )
-from services.nameserver.zk_format import ZooKeeperConfigError
-from services.nameserver.zk_registry import (
+from tidemq.services.nameserver.zk_format import ZooKeeperConfigError
+from tidemq.services.nameserver.zk_registry import (
     BrokerZnode,
     ZooKeeperRegistryConfig,
     build_route_table,

@@ -17,10 +17,10 @@ import grpc
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 
-from protos import nameserver_pb2, nameserver_pb2_grpc
 from tidemq.admin import Admin
 from tidemq.consumer import Consumer
 from tidemq.producer import Producer
+from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
 from tidemq.testing.node import Kind, Node, wait_for
 
 IMAGE_ENV = "TIDEMQ_TEST_IMAGE"

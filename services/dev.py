@@ -24,7 +24,7 @@ from pathlib import Path
 
 import grpc
 
-from protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from tidemq.protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -48,8 +48,9 @@ class Child:
 
 
 def die_with_parent() -> None:
-    """In a child of ``tidemq dev`` (it sets DIE_WITH_PARENT_ENV to its pid): exit when the
-    parent dies, even by SIGKILL or a closed terminal, instead of holding the ports.
+    """In a child of ``tidemq dev`` (it sets DIE_WITH_PARENT_ENV to its pid; the nameserver and
+    broker commands call this first): exit when the parent dies, even by SIGKILL or a closed
+    terminal, instead of holding the ports.
 
     Done in the child rather than in ``preexec_fn``, which is unsafe in a process with threads
     (gRPC's). Linux only; elsewhere children outlive a killed parent and are stopped by hand.
@@ -252,6 +253,7 @@ Try, in another terminal:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``tidemq dev`` (the ``tidemq.commands`` entry point)."""
     p = sub.add_parser("dev", help="run a local cluster (nameserver, master, slave) on loopback")
     p.add_argument("--data", default=".tidemq-dev", help="data and logs (default .tidemq-dev)")
     p.add_argument("--nameserver-port", type=int, default=9876)

@@ -6,13 +6,17 @@ The figures mean something only beside a ceiling measured in the same run on the
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
 import time
+import uuid
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from tidemq.cli.common import add_nameserver
 from tidemq.consumer import Consumer
 from tidemq.producer import Producer
 
@@ -173,3 +177,60 @@ def run_consume_bench(
         "client_cpu_pct": round(cpu / wall * 100, 1) if wall else 0.0,
         "complete": got >= messages,
     }
+
+
+def cmd_bench_produce(args: argparse.Namespace) -> int:
+    result = run_produce_bench(
+        args.nameserver,
+        topic=args.topic,
+        messages=args.messages,
+        body_bytes=args.body_bytes,
+        unbatched=args.unbatched,
+        progress=not args.json,
+        rate=args.rate,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_bench_consume(args: argparse.Namespace) -> int:
+    result = run_consume_bench(
+        args.nameserver,
+        topic=args.topic,
+        group=args.group or f"bench-{uuid.uuid4().hex[:8]}",
+        messages=args.messages,
+        progress=not args.json,
+    )
+    print(json.dumps(result))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    b = sub.add_parser("bench", help="measure produce and consume rates (JSON)")
+    bsub = b.add_subparsers(dest="bench_command", required=True)
+    bp = bsub.add_parser("produce", help="one producer process, SDK batching")
+    bp.add_argument("--topic", default="BenchTopic")
+    bp.add_argument("--messages", type=int, default=200_000)
+    bp.add_argument("--body-bytes", type=int, default=1024)
+    bp.add_argument(
+        "--unbatched",
+        action="store_true",
+        help="one message per request, one in flight: latency percentiles",
+    )
+    bp.add_argument(
+        "--rate",
+        type=float,
+        metavar="MSGS_PER_S",
+        help="send at this many messages per second, warm-up included (default: as fast as "
+        "possible); msgs_per_s then reports the rate achieved",
+    )
+    bp.add_argument("--json", action="store_true", help="JSON only, no progress lines")
+    add_nameserver(bp)
+    bp.set_defaults(func=cmd_bench_produce)
+    bc = bsub.add_parser("consume", help="read what the topic holds with a new group")
+    bc.add_argument("--topic", default="BenchTopic")
+    bc.add_argument("--messages", type=int, default=200_000)
+    bc.add_argument("--group")
+    bc.add_argument("--json", action="store_true", help="JSON only, no progress lines")
+    add_nameserver(bc)
+    bc.set_defaults(func=cmd_bench_consume)

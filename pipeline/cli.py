@@ -1,4 +1,5 @@
-"""``tidemq pipeline audit|compare``: the Spark batch jobs of ``pipeline.jobs`` from the CLI.
+"""``tidemq pipeline audit|compare``: the Spark batch jobs of ``tidemq.pipeline.jobs`` from the
+CLI (registered through the ``tidemq.commands`` entry point).
 
 They need the ``spark`` extra (pyspark, pyarrow) and Java; without them the command says so.
 From the CLI they run on ``local[2]`` unless ``--master`` names a cluster.
@@ -10,7 +11,7 @@ import argparse
 import importlib
 from typing import Any
 
-from pipeline.jobs import add_audit_arguments, add_compare_arguments
+from tidemq.pipeline.jobs import add_audit_arguments, add_compare_arguments
 
 LOCAL_MASTER = "local[2]"
 
@@ -31,7 +32,7 @@ def _run_job(module: str) -> Any:
     return run
 
 
-def add_parsers(sub: Any) -> None:
+def add_parser(sub: Any) -> None:
     p = sub.add_parser("pipeline", help="Spark batch jobs over archived CommitLog segments")
     psub = p.add_subparsers(dest="pipeline_command", required=True)
     a = psub.add_parser(
@@ -39,9 +40,9 @@ def add_parsers(sub: Any) -> None:
         help="verify every record's CRC; Parquet tables of records, damage and topics",
     )
     add_audit_arguments(a)
-    a.set_defaults(func=_run_job("pipeline.jobs.audit"))
+    a.set_defaults(func=_run_job("tidemq.pipeline.jobs.audit"))
     c = psub.add_parser(
         "compare", help="is a slave's CommitLog a byte-identical prefix of its master's?"
     )
     add_compare_arguments(c)
-    c.set_defaults(func=_run_job("pipeline.jobs.compare"))
+    c.set_defaults(func=_run_job("tidemq.pipeline.jobs.compare"))

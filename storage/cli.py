@@ -1,23 +1,39 @@
-"""The ``tidemq`` command line."""
+"""``tidemq store check|dump|put``: offline tools for a broker's store directory.
+
+Registered with the ``tidemq`` CLI through the ``tidemq.commands`` entry point. A store error is
+one line on stderr, ``tidemq: CODE: message``, and exit code 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 
-from services.broker import cli as broker_cli
-from services.nameserver import server as nameserver_server
-from storage import FlushMode, Message, MessageStore, StoreConfig
-from storage.atomic_file import read_json_with_fallback
-from storage.check import check_store, dump_records
-from storage.errors import StoreError
-from tidemq import cli_client, cli_pipeline, dev, health
-from tidemq.errors import TidemqError
+from tidemq.storage import FlushMode, Message, MessageStore, StoreConfig
+from tidemq.storage.atomic_file import read_json_with_fallback
+from tidemq.storage.check import check_store, dump_records
+from tidemq.storage.errors import StoreError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def exits_on_store_error(command: Command) -> Command:
+    """``command`` with a StoreError (bad config included) reported as one line, exit code 2."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except StoreError as e:
+            print(f"tidemq: {e.code}: {e}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 def _store_config(directory: str, **overrides: object) -> StoreConfig:
@@ -35,6 +51,7 @@ def _store_config(directory: str, **overrides: object) -> StoreConfig:
     return StoreConfig(directory, **kwargs)
 
 
+@exits_on_store_error
 def cmd_store_check(args: argparse.Namespace) -> int:
     report = check_store(args.dir)
     if args.json:
@@ -64,6 +81,7 @@ def cmd_store_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+@exits_on_store_error
 def cmd_store_dump(args: argparse.Namespace) -> int:
     for shown, m in enumerate(dump_records(args.dir, args.topic)):
         if shown >= args.limit:
@@ -79,6 +97,7 @@ def cmd_store_dump(args: argparse.Namespace) -> int:
     return 0
 
 
+@exits_on_store_error
 def cmd_store_put(args: argparse.Namespace) -> int:
     """Append messages to a local store (no broker): seeding data, trying the store out."""
     cfg = _store_config(args.dir, flush_mode=FlushMode.SYNC if args.sync else FlushMode.ASYNC)
@@ -115,10 +134,7 @@ def cmd_store_put(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker")
-    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    sub = p.add_subparsers(dest="command", required=True)
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     store = sub.add_parser("store", help="offline tools for a broker's store directory")
     ssub = store.add_subparsers(dest="store_command", required=True)
 
@@ -146,45 +162,3 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--key-prefix", help="give message i the key PREFIX<i>")
     u.add_argument("--sync", action="store_true", help="sync flush (group commit)")
     u.set_defaults(func=cmd_store_put)
-
-    broker_cli.add_parser(sub)
-    dev.add_parser(sub)
-    cli_client.add_parsers(sub)
-    cli_pipeline.add_parsers(sub)
-    health.add_parser(sub)
-
-    n = sub.add_parser("nameserver", help=nameserver_server.DESCRIPTION)
-    nameserver_server.add_arguments(n)
-    n.set_defaults(func=nameserver_server.run)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    dev.die_with_parent()
-    args = build_parser().parse_args(argv)
-    # Servers log their lifecycle (bound address, expiries) by default; offline tools stay quiet.
-    server = args.command == "nameserver"
-    logging.basicConfig(
-        level=logging.INFO if args.verbose or server else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        rc: int = args.func(args)
-    except StoreError as e:
-        print(f"tidemq: {e.code}: {e}", file=sys.stderr)
-        return 2
-    except TidemqError as e:
-        print(f"tidemq: {e}", file=sys.stderr)
-        return 1
-    except ValueError as e:
-        print(f"tidemq: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        return 0
-    return rc
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The ``tidemq`` command line.
+
+The client commands (topics, send, consume, cluster, group, bench, health) belong to the SDK and
+are added here. The server commands (``broker``, ``nameserver``, ``dev``, ``store``,
+``pipeline``) register themselves: each names a function in the ``tidemq.commands`` entry-point
+group (pyproject.toml) that adds its subcommand, so this module imports no server code and a
+client-only use of the CLI loads none.
+
+Every command sets ``func`` (it returns the exit code) and may set ``log_level``: servers log
+their lifecycle by default, offline tools stay quiet unless ``-v`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+from tidemq import health
+from tidemq.cli import bench, cluster, messages, topics
+from tidemq.errors import TidemqError
+
+COMMANDS_GROUP = "tidemq.commands"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+    for module in (topics, messages, cluster, bench):
+        module.add_parsers(sub)
+    health.add_parser(sub)
+    for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        command.load()(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.INFO if args.verbose else getattr(args, "log_level", logging.WARNING)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        rc: int = args.func(args)
+    except TidemqError as e:
+        print(f"tidemq: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"tidemq: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return rc
