@@ -39,6 +39,9 @@ class ReplicationConfig:
     insync_max_lag_bytes: int = 256 * 1024 * 1024
     # How often the master logs every slave's lag.
     lag_report_interval_ms: int = 60_000
+    # Consumers of a master see only what min_insync_replicas in-sync slaves hold, so a failover
+    # cannot take back a message a consumer has seen.
+    confirm_offset: bool = False
 
     def __post_init__(self) -> None:
         problems = [

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
@@ -46,6 +45,7 @@ from tidemq.replication.master import (
 )
 from tidemq.replication.slave import ProtocolError, SlaveSession
 from tidemq.storage import MessageStore
+from tidemq.storage.clock import monotonic_ms
 from tidemq.storage.errors import OffsetBelowMinError, StoreError
 from tidemq.storage.results import PutStatus
 
@@ -65,10 +65,6 @@ REFUSAL_STATUS = {
     RefusalKind.NO_COMMON_HISTORY: grpc.StatusCode.OUT_OF_RANGE,
     RefusalKind.STALE_EPOCH: grpc.StatusCode.FAILED_PRECONDITION,
 }
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def handshake_from_proto(m: Any) -> Handshake:

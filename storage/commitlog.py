@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import struct
-import time
 from collections.abc import Iterator, Sequence
 
+from tidemq.storage.clock import now_ms
 from tidemq.storage.errors import (
     CorruptRecordError,
     OffsetBelowMinError,
@@ -50,10 +50,6 @@ def write_records(f: MappedFile, pos: int, data: bytes) -> None:
     with memoryview(data) as view:
         f.write_at(pos + BLANK_SIZE, view[BLANK_SIZE:])
         f.write_at(pos, view[:BLANK_SIZE])
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class CommitLog:
@@ -92,7 +88,7 @@ class CommitLog:
         (so a full disk fails the batch cleanly)."""
         fs = self.file_size
         start = self.mfq.max_offset if self.mfq.files else self.trusted_end - self.trusted_end % fs
-        now = max(_now_ms(), self.last_store_timestamp_ms)
+        now = max(now_ms(), self.last_store_timestamp_ms)
         batch = encode_batch(
             msgs,
             start,

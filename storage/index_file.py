@@ -43,11 +43,11 @@ import os
 import re
 import struct
 import threading
-import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
+from tidemq.storage import clock
 from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.errors import ConfigError, CorruptStoreError, DiskFullError, StoreClosedError
 from tidemq.storage.javahash import index_key_hash, topic_key_hash
@@ -382,10 +382,6 @@ def _store(mm: mmap.mmap, pos: int, data: bytes) -> None:
     mm[pos : pos + len(data)] = data
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _file_name(ms: int) -> str:
     t = datetime.fromtimestamp(ms // 1000, UTC)
     return f"{t.strftime(_NAME_TIME)}{ms % 1000:03d}"
@@ -409,7 +405,7 @@ class IndexService:
         directory: str,
         slot_num: int,
         max_index_num: int,
-        now_ms: Callable[[], int] = _now_ms,
+        now_ms: Callable[[], int] = clock.now_ms,
     ) -> None:
         index_file_size(slot_num, max_index_num)
         self.directory = directory

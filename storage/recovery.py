@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.checkpoint import Checkpoint
+from tidemq.storage.clock import now_ms
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.consume_queue import ENTRY_SIZE
 from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
@@ -68,9 +69,7 @@ class EvidenceWriter:
 
     def __call__(self, offset: int, data: bytes) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        stem = os.path.join(
-            self.directory, f"{self.kind}-{offset:020d}-{time.time_ns() // 1_000_000}"
-        )
+        stem = os.path.join(self.directory, f"{self.kind}-{offset:020d}-{now_ms()}")
         with open(stem + ".bin", "wb") as f:
             f.write(data)
             f.flush()

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -19,6 +20,17 @@ from tenacity import wait_exponential, wait_random
 from tenacity.wait import wait_base
 
 T = TypeVar("T")
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch (message born times)."""
+    return time.time_ns() // 1_000_000
+
+
+def monotonic_ms() -> int:
+    """Milliseconds of a clock that never goes back: deadlines and intervals."""
+    return time.monotonic_ns() // 1_000_000
+
 
 NAMESERVER_ENV = "TIDEMQ_NAMESERVER"
 DEFAULT_NAMESERVER = "127.0.0.1:9876"

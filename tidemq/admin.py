@@ -30,8 +30,11 @@ CALL_TIMEOUT_S = 10.0
 # A switchover waits for its target to catch up (5 s) and then to take over (10 s).
 SWITCHOVER_TIMEOUT_S = 20.0
 ROUTE_WAIT_S = 10.0
-PERMS = {"r": 4, "w": 2, "rw": 6}
-ROLE_NAMES = {1: "ASYNC_MASTER", 2: "SYNC_MASTER", 3: "SLAVE"}
+PERMS = {
+    "r": common_pb2.PERM_READ,
+    "w": common_pb2.PERM_WRITE,
+    "rw": common_pb2.PERM_READ | common_pb2.PERM_WRITE,
+}
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class AsyncAdmin:
                     "broker_name": b.identity.broker_name,
                     "broker_id": b.identity.broker_id,
                     "address": b.address,
-                    "role": ROLE_NAMES.get(b.role, "UNKNOWN"),
+                    "role": _role_name(b.role),
                     "epoch": b.epoch,
                     "topics": live.topics,
                     "last_update_ms": live.last_update_ms,
@@ -431,3 +434,11 @@ def _replication_json(rs: Any) -> dict[str, Any]:
             "last_config_sync_ms": rs.last_config_sync_ms,
         }
     return out
+
+
+def _role_name(role: int) -> str:
+    """The role's name in the generated enum; UNKNOWN for none (0) or a number it lacks."""
+    if role == common_pb2.BROKER_ROLE_UNSPECIFIED or role not in common_pb2.BrokerRole.values():
+        return "UNKNOWN"
+    name: str = common_pb2.BrokerRole.Name(role)
+    return name

@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq._runtime import Channels, LoopThread, monotonic_ms, nameserver_addresses
 from tidemq.allocate import allocate_averagely
 from tidemq.errors import (
     BrokerUnavailableError,
@@ -102,10 +102,6 @@ class ConsumerConfig:
 
 def _is_timestamp(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 def default_client_id() -> str:
@@ -524,7 +520,7 @@ class AsyncConsumer:
     def _read_candidates(self, group: BrokerGroup) -> list[str]:
         """Where to read a group's queues, best first: the master unless it just failed, then
         the slaves by id (a slave that failed too goes last)."""
-        now = _monotonic_ms()
+        now = monotonic_ms()
         ordered = [group.addresses[i] for i in sorted(group.addresses)]  # the master is id 0
         up = [a for a in ordered if self._unreachable.is_available(a, now)]
         return up + [a for a in ordered if a not in up]
@@ -552,7 +548,7 @@ class AsyncConsumer:
         except grpc.aio.AioRpcError as e:
             err = from_rpc_error(e, f"broker {mq.broker_name} at {address}")
             if isinstance(err, BrokerUnavailableError | RequestTimeoutError):
-                self._unreachable.record_failure(address, _monotonic_ms())
+                self._unreachable.record_failure(address, monotonic_ms())
             raise err from None
         self._unreachable.record_success(address)
         return response

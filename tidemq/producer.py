@@ -39,7 +39,14 @@ from tenacity import (
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
-from tidemq._runtime import Channels, LoopThread, backoff, nameserver_addresses
+from tidemq._runtime import (
+    Channels,
+    LoopThread,
+    backoff,
+    monotonic_ms,
+    nameserver_addresses,
+    now_ms,
+)
 from tidemq.errors import (
     ClientClosedError,
     InvalidArgumentError,
@@ -154,7 +161,7 @@ class _Pending:
         self.tag = tag
         self.keys = keys
         self.properties = properties
-        self.born_ms = time.time_ns() // 1_000_000
+        self.born_ms = now_ms()
         self.size = len(body) + OVERHEAD_BYTES
         self.future = future
         self.deadline = deadline  # monotonic
@@ -299,10 +306,6 @@ class _Hub:
         if self.waiters:
             with self.cv:
                 self.cv.notify_all()
-
-
-def _ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class AsyncProducer:
@@ -556,7 +559,7 @@ class AsyncProducer:
             return queues[zlib.crc32(p.sharding_key.encode()) % n]
         start = self._round_robin.get(route.topic, 0)
         self._round_robin[route.topic] = start + 1
-        now = _ms()
+        now = monotonic_ms()
         for i in range(n):
             q = queues[(start + i) % n]
             if q.broker_name not in avoid and self._fault.is_available(q.broker_name, now):
@@ -769,9 +772,9 @@ class AsyncProducer:
             err = from_rpc_error(e, f"broker {broker} at {address}")
             self.stats.failed_requests += 1
             if err.retriable:
-                self._fault.record_failure(broker, _ms())
+                self._fault.record_failure(broker, monotonic_ms())
             return group, err
-        self._fault.record_latency(broker, (time.monotonic() - started) * 1000, _ms())
+        self._fault.record_latency(broker, (time.monotonic() - started) * 1000, monotonic_ms())
         name = resp.broker_name or broker
         epoch = resp.epoch
         for p, r in zip(group, resp.results, strict=True):

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from tidemq.protos import broker_pb2
+
 
 class SendStatus(enum.Enum):
     """RocketMQ's send statuses. Anything but SEND_OK means the message IS stored on the master
@@ -18,8 +20,8 @@ class SendStatus(enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-_WIRE_STATUS = {1: SendStatus.SEND_OK, 2: SendStatus.FLUSH_DISK_TIMEOUT}
-_WIRE_STATUS.update({3: SendStatus.FLUSH_SLAVE_TIMEOUT, 4: SendStatus.SLAVE_NOT_AVAILABLE})
+# The wire's numbers for these statuses, from the generated enum (same names).
+_WIRE_STATUS = {broker_pb2.SendStatus.Value(s.name): s for s in SendStatus}
 
 
 def send_status(wire: int) -> SendStatus:

@@ -28,10 +28,11 @@ from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.failover import FailoverAgent, FailoverSettings
 from tidemq.services.broker.failover_znodes import GroupPaths, Leader
-from tidemq.services.broker.role import RoleState, monotonic_ms
+from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import ServiceError
 from tidemq.storage import MessageStore
+from tidemq.storage.clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import sys
+from typing import Any
 
 from tidemq.services.broker import config as broker_config
 from tidemq.services.broker.server import serve
@@ -44,39 +45,51 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="ZooKeeper session timeout: how long a killed broker stays routed (default 10000)",
     )
-    p.add_argument("--ha-chunk-bytes", type=int, metavar="N", help="largest replication chunk")
+    p.add_argument(
+        "--ha-chunk-bytes",
+        dest="replication.chunk_bytes",
+        type=int,
+        metavar="N",
+        help="largest replication chunk",
+    )
     p.add_argument(
         "--ha-idle-timeout-ms",
+        dest="replication.idle_timeout_ms",
         type=int,
         metavar="N",
         help="drop a replication link silent this long (default 20000)",
     )
     p.add_argument(
         "--ha-report-interval-ms",
+        dest="replication.report_interval_ms",
         type=int,
         metavar="N",
         help="a slave reports its offset at least this often (default 5000)",
     )
     p.add_argument(
         "--ha-min-insync-replicas",
+        dest="replication.min_insync_replicas",
         type=int,
         metavar="N",
         help="SYNC_MASTER: slaves that must hold a send before SEND_OK (default 1)",
     )
     p.add_argument(
         "--ha-sync-timeout-ms",
+        dest="replication.sync_timeout_ms",
         type=int,
         metavar="N",
         help="SYNC_MASTER: wait this long for slaves, then FLUSH_SLAVE_TIMEOUT (default 3000)",
     )
     p.add_argument(
         "--ha-lag-report-interval-ms",
+        dest="replication.lag_report_interval_ms",
         type=int,
         metavar="N",
         help="log every slave's lag this often (default 60000)",
     )
     p.add_argument(
         "--confirm-offset",
+        dest="replication.confirm_offset",
         action="store_true",
         default=None,
         help="consumers of this master see only what in-sync slaves hold",
@@ -142,13 +155,6 @@ def run(args: argparse.Namespace) -> int:
         "zk_root",
         "zk_session_timeout_ms",
         "metrics_listen",
-        "ha_chunk_bytes",
-        "ha_idle_timeout_ms",
-        "ha_report_interval_ms",
-        "ha_min_insync_replicas",
-        "ha_sync_timeout_ms",
-        "ha_lag_report_interval_ms",
-        "confirm_offset",
         "config_sync_interval_ms",
         "failover",
         "election_priority",
@@ -156,7 +162,13 @@ def run(args: argparse.Namespace) -> int:
         "isr_max_lag_ms",
         "failover_lease_ms",
     )
-    overrides = {k: getattr(args, k) for k in keys}
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
+    # The --ha-* flags and --confirm-offset land in the config's replication table.
+    overrides["replication"] = {
+        k.removeprefix("replication."): v
+        for k, v in vars(args).items()
+        if k.startswith("replication.")
+    }
     if args.store_overrides:
         overrides["store_overrides"] = json.loads(args.store_overrides)
     cfg = broker_config.load(args.config, overrides)

@@ -50,24 +50,9 @@ class BrokerConfig:
     zk_root: str = zk_format.DEFAULT_ROOT
     # A SIGKILLed broker leaves the routes this long after its death (plus up to 2 server ticks).
     zk_session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
-    # Replication (docs/replication.md): the largest chunk a master sends, how often a slave
-    # reports at least, how often an idle master sends a heartbeat, and how long either side
-    # waits on a silent link before dropping it.
-    ha_chunk_bytes: int = 4 * 1024 * 1024
-    ha_report_interval_ms: int = 5_000
-    ha_heartbeat_interval_ms: int = 5_000
-    ha_idle_timeout_ms: int = 20_000
-    # SYNC_MASTER (docs/replication.md): slaves that must hold a send before SEND_OK, how long a
-    # send waits for them (then FLUSH_SLAVE_TIMEOUT), and how far behind a slave may be and
-    # still count as in sync (further: SLAVE_NOT_AVAILABLE when too few are left).
-    ha_min_insync_replicas: int = 1
-    ha_sync_timeout_ms: int = 3_000
-    ha_insync_max_lag_bytes: int = 256 * 1024 * 1024
-    # How often a master logs each slave's lag (also always live in metrics and status).
-    ha_lag_report_interval_ms: int = 60_000
-    # Consumers of a master see only what min_insync_replicas in-sync slaves hold, so a
-    # failover cannot take back a message a consumer has seen.
-    confirm_offset: bool = False
+    # Replication (docs/replication.md): chunks, reports, heartbeats and idle links, SYNC_MASTER
+    # acknowledgements, the in-sync lag bound and confirm_offset. A [replication] table in TOML.
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     # A slave copies topics, subscription groups and consumer offsets from its master this
     # often, and sends every table regardless of data versions at least every full interval.
     config_sync_interval_ms: int = 3_000
@@ -118,10 +103,6 @@ class BrokerConfig:
             "max_batch_messages",
             "max_request_bytes",
             "default_queue_nums",
-            "ha_chunk_bytes",
-            "ha_report_interval_ms",
-            "ha_heartbeat_interval_ms",
-            "ha_idle_timeout_ms",
             "config_sync_interval_ms",
             "config_full_sync_interval_ms",
         ):
@@ -130,10 +111,6 @@ class BrokerConfig:
         if self.config_full_sync_interval_ms < self.config_sync_interval_ms:
             problems.append("config_full_sync_interval_ms must be >= config_sync_interval_ms")
         problems += self._zk_problems()
-        try:
-            self.replication()
-        except ConfigError as e:
-            problems.append(str(e))
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
 
@@ -157,8 +134,8 @@ class BrokerConfig:
                 problems.append(f"{name} must be > 0")
         # An idle slave proves it is caught up with its reports; rarer ones would make it
         # leave the in-sync set while it holds everything.
-        if self.isr_max_lag_ms < 2 * self.ha_report_interval_ms:
-            problems.append("isr_max_lag_ms must be at least twice ha_report_interval_ms")
+        if self.isr_max_lag_ms < 2 * self.replication.report_interval_ms:
+            problems.append("isr_max_lag_ms must be at least twice replication.report_interval_ms")
         return problems
 
     def _zk_problems(self) -> list[str]:
@@ -181,18 +158,6 @@ class BrokerConfig:
                 problems.append(str(e))
         return problems
 
-    def replication(self) -> ReplicationConfig:
-        return ReplicationConfig(
-            chunk_bytes=self.ha_chunk_bytes,
-            report_interval_ms=self.ha_report_interval_ms,
-            heartbeat_interval_ms=self.ha_heartbeat_interval_ms,
-            idle_timeout_ms=self.ha_idle_timeout_ms,
-            min_insync_replicas=self.ha_min_insync_replicas,
-            sync_timeout_ms=self.ha_sync_timeout_ms,
-            insync_max_lag_bytes=self.ha_insync_max_lag_bytes,
-            lag_report_interval_ms=self.ha_lag_report_interval_ms,
-        )
-
     @property
     def advertised(self) -> str:
         return self.advertise or self.listen
@@ -204,14 +169,19 @@ def _is_address(value: str) -> bool:
 
 
 def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
-    """A config from a TOML file (if given) with non-None ``overrides`` on top."""
+    """A config from a TOML file (if given) with non-None ``overrides`` on top; replication
+    settings come in a ``replication`` table (a dict in ``overrides``)."""
     values: dict[str, Any] = {}
     if path:
         with open(path, "rb") as f:
             values.update(tomllib.load(f))
+    replication = dict(values.pop("replication", None) or {})
+    replication.update({k: v for k, v in overrides.pop("replication", {}).items() if v is not None})
     values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in dataclasses.fields(BrokerConfig)}
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - _field_names(BrokerConfig))
+    unknown += sorted(
+        f"replication.{k}" for k in set(replication) - _field_names(ReplicationConfig)
+    )
     if unknown:
         raise ConfigError(f"unknown broker config keys: {', '.join(unknown)}")
     if isinstance(values.get("role"), str):
@@ -223,6 +193,12 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
     elif "nameservers" in values:
         values["nameservers"] = tuple(values["nameservers"])
     try:
-        return BrokerConfig(**values)
+        return BrokerConfig(**values, replication=ReplicationConfig(**replication))
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"invalid broker config: {e}") from None
+
+
+def _field_names(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}

@@ -26,6 +26,7 @@ from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2
 from tidemq.services.broker.groups import SubscriptionGroup, SubscriptionGroupManager
 from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
 from tidemq.services.broker.topics import DataVersion, TopicConfig, TopicManager
+from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class ConfigSync:
             self.on_topics_changed()
         if full:
             self._last_full_mono = now
-        self.last_sync_ms = time.time_ns() // 1_000_000
+        self.last_sync_ms = now_ms()
         return True
 
     def apply(self, response: Any) -> bool:

@@ -39,13 +39,14 @@ from tidemq.replication.election import (
     should_elect_self,
 )
 from tidemq.services.broker import failover_znodes as zn
-from tidemq.services.broker.role import RoleState, monotonic_ms
+from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.zk_registration import (
     ZnodeHeldElsewhereError,
     ZnodeRaceError,
     sync_znode,
 )
 from tidemq.services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge
+from tidemq.storage.clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 

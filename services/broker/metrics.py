@@ -31,6 +31,7 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.topics import TopicManager
 from tidemq.storage import Message, MessageStore
+from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +231,13 @@ class StateCollector:
         fam["queues"].add_metric([], st.queues)
         topics = self.topics.all()
         fam["topics"].add_metric([], len(topics))
-        now_ms = time.time_ns() // 1_000_000
+        stamp_ms = now_ms()
         live: set[str] = set()
         for members in self.clients.groups.copy().values():
             live.update(
                 cid
                 for cid, m in members.copy().items()
-                if now_ms - m.last_seen_ms <= self.clients.expiry_ms
+                if stamp_ms - m.last_seen_ms <= self.clients.expiry_ms
             )
         fam["clients"].add_metric([], len(live))
         max_offsets: dict[tuple[str, int], int] = {}

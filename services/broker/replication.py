@@ -11,15 +11,11 @@ import grpc
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication import Identity, Refusal, RefusalKind
-from tidemq.replication.transport import (
-    REFUSAL_STATUS,
-    ReplicationServicer,
-    SlaveClient,
-    monotonic_ms,
-)
+from tidemq.replication.transport import REFUSAL_STATUS, ReplicationServicer, SlaveClient
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.errors import ServiceError, abort_with
+from tidemq.storage.clock import monotonic_ms
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +59,8 @@ def status_proto(
 ) -> Any:
     """The replication part of GetBrokerStatus (and ``tidemq cluster status``)."""
     rs = broker_pb2.ReplicationStatus(
-        confirm_offset_enabled=config.confirm_offset,
-        min_insync_replicas=config.ha_min_insync_replicas,
+        confirm_offset_enabled=config.replication.confirm_offset,
+        min_insync_replicas=config.replication.min_insync_replicas,
     )
     if master is not None:
         now = monotonic_ms()

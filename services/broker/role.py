@@ -18,19 +18,15 @@ resumed master finds its lease long past).
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass
 
 from tidemq.services.broker.config import BrokerRole
+from tidemq.storage.clock import monotonic_ms
 
 
 class Mode(enum.Enum):
     CLASSIC = "classic"
     AUTO = "auto"
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 @dataclass

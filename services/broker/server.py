@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -43,6 +42,7 @@ from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.errors import add_servicer
 from tidemq.storage import MessageStore, StoreConfig
+from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -108,13 +108,11 @@ class Broker:
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
-                self.store, identity(cfg), cfg.replication(), address=cfg.advertised
+                self.store, identity(cfg), cfg.replication, address=cfg.advertised
             )
         if cfg.role is not BrokerRole.SLAVE:
-            self.replication = TypedReplicationServicer(
-                self.store, identity(cfg), cfg.replication()
-            )
-            if cfg.confirm_offset:
+            self.replication = TypedReplicationServicer(self.store, identity(cfg), cfg.replication)
+            if cfg.replication.confirm_offset:
                 # Pulls held back by the confirm offset look again when it moves.
                 self.replication.add_confirm_listener(lambda _offset: waiters.wake_all())
         if cfg.automatic:
@@ -204,7 +202,7 @@ class Broker:
         if self.replication is not None:
             self._tasks.append(
                 asyncio.create_task(
-                    self._every(self.config.ha_lag_report_interval_ms, self._report_lag)
+                    self._every(self.config.replication.lag_report_interval_ms, self._report_lag)
                 )
             )
         log.info(
@@ -242,7 +240,7 @@ class Broker:
         await asyncio.get_running_loop().run_in_executor(None, self.offsets.persist)
 
     async def _expire_clients(self) -> None:
-        gone = self.clients.expire(time.time_ns() // 1_000_000)
+        gone = self.clients.expire(now_ms())
         if gone:
             log.info("clients expired: %s", gone)
 

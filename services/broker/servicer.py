@@ -31,10 +31,11 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
-from tidemq.services.broker.role import RoleState, monotonic_ms
-from tidemq.services.broker.topics import PERM_READ, PERM_WRITE, TopicConfig, TopicManager
+from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.topics import PERM_READ, PERM_RW, PERM_WRITE, TopicConfig, TopicManager
 from tidemq.services.errors import ServiceError, abort_with, invalid, not_found, to_service_error
 from tidemq.storage import MessageStore, PutStatus
+from tidemq.storage.clock import monotonic_ms, now_ms
 from tidemq.storage.config import parse_host
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError, StoreError
 
@@ -70,10 +71,6 @@ def typed_errors(fn: Handler[R]) -> Handler[R]:
         return response
 
     return wrapper
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class FailoverControl(Protocol):
@@ -116,7 +113,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.shutting_down = False
         self.role = role or RoleState.for_config(config.role, config.broker_id, False, 0)
         # Under confirm_offset, pulls see only what in-sync slaves hold.
-        self._confirm_cap = confirm_cap if config.confirm_offset else None
+        self._confirm_cap = confirm_cap if config.replication.confirm_offset else None
         self.failover = failover
 
     # ------------------------------------------------------------------ helpers
@@ -387,7 +384,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if not request.client_id:
             raise invalid("client_id is required")
-        now = _now_ms()
+        now = now_ms()
         memberships = []  # all validated before any is recorded
         for c in request.consumers:
             if not c.group:
@@ -412,7 +409,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         if not request.group:
             raise invalid("group is required")
         return broker_pb2.GetConsumerListResponse(
-            client_ids=self.clients.members(request.group, _now_ms())
+            client_ids=self.clients.members(request.group, now_ms())
         )
 
     @typed_errors
@@ -428,7 +425,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             request.topic,
             request.queue_id,
             request.offset,
-            _now_ms(),
+            now_ms(),
             reset=request.reset,
         )
         return broker_pb2.CommitOffsetResponse(offset=offset)
@@ -449,7 +446,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             topic=t.topic,
             read_queue_nums=t.read_queue_nums or self.config.default_queue_nums,
             write_queue_nums=t.write_queue_nums or self.config.default_queue_nums,
-            perm=t.perm or 6,
+            perm=t.perm or PERM_RW,
             order=t.order,
             attributes=dict(t.attributes),
         )

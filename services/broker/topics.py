@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import asdict, dataclass, field
 
+from tidemq.protos import common_pb2
 from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage.clock import now_ms
 from tidemq.storage.record import validate_topic
 
-PERM_READ = 4
-PERM_WRITE = 2
+# Permission bits: the wire's Permission enum.
+PERM_READ = common_pb2.PERM_READ
+PERM_WRITE = common_pb2.PERM_WRITE
 PERM_RW = PERM_READ | PERM_WRITE
 MAX_QUEUES = 1024
 # RocketMQ's AUTO_CREATE_TOPIC_KEY_TOPIC. A broker that creates topics on first send registers
@@ -39,7 +41,7 @@ class TopicConfig:
             n = getattr(self, name)
             if not 1 <= n <= MAX_QUEUES:
                 raise ValueError(f"{name} must be 1..{MAX_QUEUES}, got {n}")
-        if self.perm & ~(PERM_RW | 1) or self.perm < 0:
+        if self.perm & ~(PERM_RW | common_pb2.PERM_INHERIT) or self.perm < 0:
             raise ValueError(f"perm {self.perm} is not a combination of 4 (read), 2 (write), 1")
 
 
@@ -51,7 +53,7 @@ class DataVersion:
 
     def bump(self) -> None:
         self.counter += 1
-        self.timestamp_ms = time.time_ns() // 1_000_000
+        self.timestamp_ms = now_ms()
 
 
 class TopicManager:

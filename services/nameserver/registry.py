@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -25,6 +24,7 @@ from tidemq.services.nameserver.route_table import (
     RouteTable,
     TopicRoute,
 )
+from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,6 @@ class Registry(Protocol):
     async def status(self) -> RegistryStatus: ...
 
 
-def wall_clock_ms() -> int:
-    # Wall time, as RocketMQ's brokerLiveTable uses: last-update times are shown to operators.
-    # A clock jump forward can expire brokers early; they come back at their next heartbeat.
-    return time.time_ns() // 1_000_000
-
-
 @dataclass(frozen=True)
 class EmbeddedRegistryConfig:
     """RocketMQ's defaults: scanNotActiveBrokerInterval 5 s, broker channel expiry 120 s."""
@@ -103,7 +97,10 @@ class EmbeddedRegistry:
     def __init__(
         self,
         config: EmbeddedRegistryConfig | None = None,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        # Wall time, as RocketMQ's brokerLiveTable uses: last-update times are shown to
+        # operators. A clock jump forward can expire brokers early; they come back at their
+        # next heartbeat.
+        clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.config = config or EmbeddedRegistryConfig()
         self._clock_ms = clock_ms

@@ -54,7 +54,6 @@ from tidemq.services.nameserver.registry import (
     HeartbeatsRefusedError,
     RegistryStatus,
     RegistryUnavailableError,
-    wall_clock_ms,
 )
 from tidemq.services.nameserver.route_table import (
     BrokerRegistration,
@@ -64,6 +63,7 @@ from tidemq.services.nameserver.route_table import (
     RouteTable,
     TopicRoute,
 )
+from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class ZooKeeperRegistry(KazooLoopBridge):
     """Routes read from ZooKeeper; see the module docstring for the behaviour."""
 
     def __init__(
-        self, config: ZooKeeperRegistryConfig, clock_ms: Callable[[], int] = wall_clock_ms
+        self, config: ZooKeeperRegistryConfig, clock_ms: Callable[[], int] = now_ms
     ) -> None:
         self.config = config
         self._clock_ms = clock_ms

@@ -115,12 +115,14 @@ def test_paused_slave_sends_are_stored_with_degraded_status_and_the_slave_catche
         master_role="SYNC_MASTER",
         slaves=1,
         broker_config={
-            "ha_sync_timeout_ms": 1000,
-            # The master drops a silent slave's link after 3 s (reports and heartbeats must
-            # come at least twice as often).
-            "ha_idle_timeout_ms": 3000,
-            "ha_report_interval_ms": 1000,
-            "ha_heartbeat_interval_ms": 1000,
+            "replication": {
+                "sync_timeout_ms": 1000,
+                # The master drops a silent slave's link after 3 s (reports and heartbeats must
+                # come at least twice as often).
+                "idle_timeout_ms": 3000,
+                "report_interval_ms": 1000,
+                "heartbeat_interval_ms": 1000,
+            }
         },
     )
     create_topic(cluster, queues=1)
@@ -201,7 +203,7 @@ def test_automatic_failover_survives_a_network_partition_of_the_master(
         master_role="SYNC_MASTER",
         failover="auto",
         slaves=2,
-        broker_config={"ha_report_interval_ms": 1000, "isr_max_lag_ms": 4000},
+        broker_config={"replication": {"report_interval_ms": 1000}, "isr_max_lag_ms": 4000},
     )
     create_topic(cluster)
     old = cluster.master()

@@ -215,8 +215,8 @@ def test_broker_toml_and_flags_make_a_valid_broker_config(rendered: Rendered) ->
             cfg = broker_config.load(str(toml), {k: parsed[k] for k in keys if k in parsed})
             assert cfg.cluster == values.get("clusterName", "DefaultCluster")
             if broker.get("replication") == "SYNC":
-                assert cfg.ha_min_insync_replicas == broker.get("minInsyncReplicas", 1)
-                assert cfg.confirm_offset == broker.get("confirmOffset", False)
+                assert cfg.replication.min_insync_replicas == broker.get("minInsyncReplicas", 1)
+                assert cfg.replication.confirm_offset == broker.get("confirmOffset", False)
 
 
 def test_pvc_size_and_storage_class_applied(rendered: Rendered) -> None:

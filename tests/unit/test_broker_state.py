@@ -107,9 +107,23 @@ def test_config_from_toml_with_flags_on_top(tmp_path: Path) -> None:
     assert cfg.nameservers == ("10.0.0.1:9876", "ns2.example:9876")
 
 
+def test_replication_settings_come_in_their_own_table_with_flags_on_top(tmp_path: Path) -> None:
+    f = tmp_path / "broker.toml"
+    f.write_text(
+        'store_dir = "/s"\n[replication]\nchunk_bytes = 1048576\nsync_timeout_ms = 500\n'
+    )
+    cfg = load(str(f), {"replication": {"sync_timeout_ms": 800, "confirm_offset": None}})
+    assert (cfg.replication.chunk_bytes, cfg.replication.sync_timeout_ms) == (1 << 20, 800)
+    assert cfg.replication.confirm_offset is False  # a flag not given changes nothing
+    assert cfg.replication.report_interval_ms == 5_000  # the replication default, stated once
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
+        {"store_dir": "/s", "replication": {"chunk_size": 1}},
+        {"store_dir": "/s", "replication": {"idle_timeout_ms": 1000}},
+        {"store_dir": "/s", "ha_chunk_bytes": 1},
         {"store_dir": "/s", "role": "SLAVE", "broker_id": 0},
         {"store_dir": "/s", "broker_id": 2},
         {"store_dir": "/s", "listen": "nowhere"},
