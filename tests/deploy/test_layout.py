@@ -113,12 +113,17 @@ def test_a_wrong_arrow_fails_the_lint(tmp_path: Path, contract: str, path: str, 
 
 
 def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
+    # Built from a copy (links kept as links), so that setuptools' build/ directory, with
+    # whatever an earlier build left in it, stays out of the checkout and out of this wheel.
+    source = tmp_path / "source"
+    for name in ("tidemq", *LINKED):
+        shutil.copytree(
+            ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source)
     pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
-    subprocess.run(
-        [*pip_wheel, "-w", str(tmp_path), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
+    subprocess.run([*pip_wheel, "-w", str(tmp_path), str(source)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("tidemq-*.whl")
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()

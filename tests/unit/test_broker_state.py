@@ -109,9 +109,7 @@ def test_config_from_toml_with_flags_on_top(tmp_path: Path) -> None:
 
 def test_replication_settings_come_in_their_own_table_with_flags_on_top(tmp_path: Path) -> None:
     f = tmp_path / "broker.toml"
-    f.write_text(
-        'store_dir = "/s"\n[replication]\nchunk_bytes = 1048576\nsync_timeout_ms = 500\n'
-    )
+    f.write_text('store_dir = "/s"\n[replication]\nchunk_bytes = 1048576\nsync_timeout_ms = 500\n')
     cfg = load(str(f), {"replication": {"sync_timeout_ms": 800, "confirm_offset": None}})
     assert (cfg.replication.chunk_bytes, cfg.replication.sync_timeout_ms) == (1 << 20, 800)
     assert cfg.replication.confirm_offset is False  # a flag not given changes nothing
