@@ -44,8 +44,8 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, N
 
 from tidemq.protos import nameserver_pb2
 from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.role import RoleState
-from tidemq.services.broker.servicer import broker_info, topic_protos
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.errors import ServiceError
 from tidemq.services.nameserver import zk_format
