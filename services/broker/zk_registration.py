@@ -51,7 +51,7 @@ from tidemq.services.errors import ServiceError
 from tidemq.services.nameserver import zk_format
 from tidemq.services.nameserver.route_table import BrokerRegistration
 from tidemq.services.nameserver.servicer import registration_from_wire
-from tidemq.services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge, new_client
+from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge, new_client
 from tidemq.storage.errors import ConfigError
 
 log = logging.getLogger(__name__)
