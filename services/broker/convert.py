@@ -1,10 +1,15 @@
-"""Between protobuf messages and the store's types. No I/O."""
+"""Between protobuf messages and the broker's own types: stored messages, topic configs and the
+broker's identity as it registers. No I/O."""
 
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from tidemq.protos import broker_pb2, common_pb2
+from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import invalid
 from tidemq.storage import Message, PutStatus, StoredMessage
 from tidemq.storage.record import make_msg_id
@@ -91,3 +96,35 @@ def parse_tag_expression(expr: str) -> list[str] | None:
     if any(not t or "*" in t for t in tags):
         raise invalid(f"bad tag expression {expr!r}", common_pb2.INVALID_TAG_EXPRESSION)
     return tags
+
+
+def topic_proto(t: TopicConfig) -> Any:
+    return common_pb2.TopicConfig(
+        topic=t.topic,
+        read_queue_nums=t.read_queue_nums,
+        write_queue_nums=t.write_queue_nums,
+        perm=t.perm,
+        order=t.order,
+        attributes=t.attributes,
+    )
+
+
+def topic_protos(topics: TopicManager) -> list[Any]:
+    return [topic_proto(t) for t in topics.all()]
+
+
+def broker_info(config: BrokerConfig, topics: TopicManager, role: RoleState) -> Any:
+    dv = topics.data_version
+    return common_pb2.BrokerInfo(
+        identity=common_pb2.BrokerIdentity(
+            cluster=config.cluster, broker_name=config.broker_name, broker_id=role.registered_id
+        ),
+        address=config.advertised,
+        # Masters serve replication on the Broker service's own port; slaves serve none.
+        ha_address=config.advertised if role.is_master else "",
+        role=common_pb2.BrokerRole.Value(role.role.value),
+        epoch=role.epoch,
+        data_version=common_pb2.DataVersion(
+            state_version=dv.state_version, counter=dv.counter, timestamp_ms=dv.timestamp_ms
+        ),
+    )

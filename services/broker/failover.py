@@ -1,8 +1,8 @@
 """The failover agent: a broker's part in its group's automatic failover, over ZooKeeper.
 
 Every ``tick`` (a quarter of the lease) and on every watch, the agent reads the group's znodes
-(``failover_znodes``) with the broker's own ZooKeeper session and acts on what it saw; the
-decisions are ``tidemq.replication.election``'s, the role
+(``failover_znodes``; the calls: ``failover_zk``) with the broker's own ZooKeeper session and
+acts on what it saw; the decisions are ``tidemq.replication.election``'s, the role
 change is the broker's (``FailoverHooks``).
 
 - **Master**: renews its lease with each read that finds the leader znode still its own and the
@@ -39,13 +39,10 @@ from tidemq.replication.election import (
     should_elect_self,
 )
 from tidemq.services.broker import failover_znodes as zn
+from tidemq.services.broker.failover_zk import GroupView, GroupZnodes
 from tidemq.services.broker.role import RoleState
-from tidemq.services.broker.zk_registration import (
-    ZnodeHeldElsewhereError,
-    ZnodeRaceError,
-    sync_znode,
-)
-from tidemq.services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge
+from tidemq.services.broker.zk_registration import ZnodeHeldElsewhereError, ZnodeRaceError
+from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge
 from tidemq.storage.clock import monotonic_ms
 
 log = logging.getLogger(__name__)
@@ -81,15 +78,6 @@ class FailoverSettings:
     ha_address: str  # where slaves replicate from
 
 
-@dataclass
-class GroupView:
-    state: GroupState | None
-    state_version: int
-    leader: zn.Leader | None
-    leader_owner: int
-    candidates: list[Candidate]
-
-
 class FailoverAgent(KazooLoopBridge):
     def __init__(
         self,
@@ -109,6 +97,7 @@ class FailoverAgent(KazooLoopBridge):
         self._task: asyncio.Task[None] | None = None
         self.tick_ms = max(50, role.lease_ms // 4)
         self.timeout_s = max(0.2, role.lease_ms / 2000)
+        self.znodes = GroupZnodes(paths, self.timeout_s)
         self._gone_since: int | None = None  # when this broker first saw the group masterless
         self._published: tuple[int, bytes] | None = None  # (session, candidate bytes)
         self.view: GroupView | None = None  # the last one read, for status
@@ -165,7 +154,9 @@ class FailoverAgent(KazooLoopBridge):
         if not self.role.is_master:
             await loop.run_in_executor(None, self._publish, client)
         sent = monotonic_ms()
-        view = await loop.run_in_executor(None, self._read, client, not self.role.is_master)
+        view = await loop.run_in_executor(
+            None, self.znodes.read, client, not self.role.is_master, self._watch
+        )
         received = monotonic_ms()
         self.view = view
         if self.role.is_master:
@@ -175,36 +166,6 @@ class FailoverAgent(KazooLoopBridge):
 
     def _watch(self, _event: Any) -> None:
         self._post(self._wake.set)
-
-    def _read(self, client: Any, with_candidates: bool) -> GroupView:
-        t = self.timeout_s
-        state, version = None, -1
-        try:
-            data, stat = client.get_async(self.paths.state, watch=self._watch).get(timeout=t)
-            state, version = zn.decode_state(data), stat.version
-        except NoNodeError:
-            client.exists_async(self.paths.state, watch=self._watch).get(timeout=t)
-        leader, owner = None, 0
-        try:
-            data, stat = client.get_async(self.paths.leader, watch=self._watch).get(timeout=t)
-            leader, owner = zn.decode_leader(data), stat.ephemeralOwner
-        except NoNodeError:
-            client.exists_async(self.paths.leader, watch=self._watch).get(timeout=t)
-        candidates: list[Candidate] = []
-        if with_candidates:
-            try:
-                names = client.get_children_async(self.paths.candidates).get(timeout=t)
-            except NoNodeError:
-                names = []
-            for name in names:
-                try:
-                    data, _ = client.get_async(f"{self.paths.candidates}/{name}").get(timeout=t)
-                    candidates.append(zn.decode_candidate(name, data).candidate)
-                except NoNodeError:
-                    continue  # gone between the listing and the read
-                except zn.FailoverZnodeError as e:
-                    log.warning("ignoring a candidate: %s", e)
-        return GroupView(state, version, leader, owner, candidates)
 
     def _publish(self, client: Any) -> None:
         last_epoch, max_offset = self.hooks.position()
@@ -218,9 +179,7 @@ class FailoverAgent(KazooLoopBridge):
         if self._published == (session, data):
             return
         try:
-            sync_znode(
-                client, self.paths.candidate(self.role.own_id), data, self._watch, self.timeout_s
-            )
+            self.znodes.publish_candidate(client, self.role.own_id, data, self._watch)
         except (ZnodeHeldElsewhereError, ZnodeRaceError) as e:
             log.warning("candidate znode: %s", e)
             return
@@ -266,17 +225,12 @@ class FailoverAgent(KazooLoopBridge):
         new = GroupState(state.epoch, state.master_id, isr)
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, self._set_state, client, new, version
+                None, self.znodes.set_state, client, new, version
             )
         except BadVersionError:
             return  # someone else wrote the state: the next read shows whom
         self.hooks.set_isr(isr)
         log.info("in-sync set of epoch %d: %s -> %s", state.epoch, sorted(state.isr), sorted(isr))
-
-    def _set_state(self, client: Any, state: GroupState, version: int) -> None:
-        client.set_async(self.paths.state, zn.encode_state(state), version=version).get(
-            timeout=self.timeout_s
-        )
 
     async def _step_down(self, reason: str) -> None:
         log.warning("stepping down: %s", reason)
@@ -322,9 +276,10 @@ class FailoverAgent(KazooLoopBridge):
         # A handover's old master stopped acknowledging before it let go: no lease to wait out.
         gone_seen = received - role.lease_ms if handed_over else self._gone_since
         sent = monotonic_ms()
+        leader = zn.Leader(elected.state.master_id, elected.state.epoch, self.settings.ha_address)
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, self._elect, client, state, view.state_version, elected.state
+                None, self.znodes.elect, client, state, view.state_version, elected.state, leader
             )
         except (BadVersionError, NodeExistsError, NoNodeError) as e:
             log.info("lost the election for epoch %d (%s)", elected.state.epoch, type(e).__name__)
@@ -351,36 +306,9 @@ class FailoverAgent(KazooLoopBridge):
             )
         return f"election of epoch {state.epoch + 1} pending"
 
-    def _elect(self, client: Any, old: GroupState | None, version: int, new: GroupState) -> None:
-        t = self.timeout_s
-        leader = zn.Leader(new.master_id, new.epoch, self.settings.ha_address)
-        if old is None:
-            client.ensure_path_async(self.paths.base).get(timeout=t)
-        tx = client.transaction()
-        if old is None:
-            tx.create(self.paths.state, zn.encode_state(new))
-        else:
-            tx.set_data(self.paths.state, zn.encode_state(new), version=version)
-        tx.create(self.paths.leader, zn.encode_leader(leader), ephemeral=True)
-        self._commit(tx)
-
-    def _commit(self, tx: Any) -> None:
-        """kazoo's commit returns its failures instead of raising them: raise the cause."""
-        results = tx.commit_async().get(timeout=self.timeout_s)
-        failures = [r for r in results if isinstance(r, Exception)]
-        if failures:
-            # The first real failure names the cause; the others are RolledBackError.
-            real = [r for r in failures if type(r).__name__ != "RolledBackError"]
-            raise (real or failures)[0]
-
     async def release(self, client: Any) -> None:
         """Delete our leader znode (a switchover, or a take-over that failed)."""
-
-        def delete() -> None:
-            with contextlib.suppress(NoNodeError):
-                client.delete_async(self.paths.leader).get(timeout=self.timeout_s)
-
-        await asyncio.get_running_loop().run_in_executor(None, delete)
+        await asyncio.get_running_loop().run_in_executor(None, self.znodes.delete_leader, client)
 
     # -- switchover -------------------------------------------------------------------------
 
@@ -390,21 +318,14 @@ class FailoverAgent(KazooLoopBridge):
         transaction at our epoch; returns the state written."""
         client = self._get_client()
         loop = asyncio.get_running_loop()
-        view = await loop.run_in_executor(None, self._read, client, False)
+        view = await loop.run_in_executor(None, self.znodes.read, client, False, self._watch)
         state = view.state
         if state is None or state.epoch != self.role.epoch or state.master_id != self.role.own_id:
             raise BadVersionError(f"not the master of epoch {self.role.epoch}")
         self._switching = True
         new = GroupState(state.epoch, state.master_id, state.isr, preferred=target)
-
-        def commit() -> None:
-            tx = client.transaction()
-            tx.set_data(self.paths.state, zn.encode_state(new), version=view.state_version)
-            tx.delete(self.paths.leader)
-            self._commit(tx)
-
         try:
-            await loop.run_in_executor(None, commit)
+            await loop.run_in_executor(None, self.znodes.hand_over, client, new, view.state_version)
         except Exception:
             self._switching = False
             raise

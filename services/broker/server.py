@@ -25,6 +25,7 @@ from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
@@ -37,7 +38,7 @@ from tidemq.services.broker.replication import (
     status_proto,
 )
 from tidemq.services.broker.role import RoleState
-from tidemq.services.broker.servicer import BrokerServicer, broker_info, topic_protos
+from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.errors import add_servicer
@@ -303,8 +304,7 @@ class Broker:
             # NOT_SERVING first, so probes and load balancers move away before the port closes.
             await self.health.enter_graceful_shutdown()
         if self.servicer is not None:
-            self.servicer.shutting_down = True
-            self.servicer.waiters.wake_all()
+            self.servicer.stop_accepting()
         if self.failover is not None:
             # Before the ZooKeeper session closes: a master stops acknowledging first.
             await self.failover.stop()

@@ -44,14 +44,14 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, N
 
 from tidemq.protos import nameserver_pb2
 from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.role import RoleState
-from tidemq.services.broker.servicer import broker_info, topic_protos
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.errors import ServiceError
 from tidemq.services.nameserver import zk_format
 from tidemq.services.nameserver.route_table import BrokerRegistration
 from tidemq.services.nameserver.servicer import registration_from_wire
-from tidemq.services.nameserver.zk_registry import ZK_ERRORS, KazooLoopBridge, new_client
+from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge, new_client
 from tidemq.storage.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Pure: no connection to ZooKeeper, so every rule here is unit-tested without a server. Brokers
 (``tidemq.services.broker.zk_registration``) encode, nameservers
-(``tidemq.services.nameserver.zk_registry``) decode; this module owns the format.
+(``tidemq.services.nameserver.zk_routes``) decode; this module owns the format.
 
 Layout
 ------

@@ -4,10 +4,9 @@ Each broker keeps an ephemeral znode under its own ZooKeeper session (layout and
 ``zk_format``); a nameserver holds no state of its own. It reads the whole broker tree with
 one-shot watches set on every level, and any watch event (a broker joined, left, changed its
 topics) or reconnection triggers another full read. Each read is a snapshot from which a fresh
-``RouteTable`` is built (``build_route_table``): the znodes are applied in creation order (czxid)
-with each broker's last-update time taken from its znode's mtime, so every nameserver that has
-read the same znodes answers QueryRoute and GetClusterInfo identically, byte for byte, however
-its watch events interleaved. The RouteTable's rules apply unchanged (queue data from masters,
+``RouteTable`` is built (``zk_routes.build_route_table``), so every nameserver that has read the
+same znodes answers QueryRoute and GetClusterInfo identically, byte for byte, however its watch
+events interleaved. The RouteTable's rules apply unchanged (queue data from masters,
 displaced addresses, epoch fencing, one cluster per group), and invalid znodes are skipped and
 logged, never served and never fatal. A full read costs one pipelined round trip per tree level
 and events arriving during a read coalesce into one more read, so the cost stays small for the
@@ -30,9 +29,9 @@ What an operator sees:
   which deletes it at shutdown): a broker with both flags shuts down without errors.
 - The nameserver only reads: it needs read access to ``<root>/clusters`` and creates nothing.
 
-kazoo runs session listeners in its connection thread and watch callbacks in its callback
-thread; both only hand the event to the asyncio loop (``call_soon_threadsafe``). Reads run in
-the loop's default executor; the table is built, swapped and queried on the loop alone.
+kazoo's session and watch callbacks only hand the event to the asyncio loop (``zk_session``).
+Reads run in the loop's default executor; the table is built, swapped and queried on the loop
+alone.
 """
 
 from __future__ import annotations
@@ -40,14 +39,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NoNodeError
-from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.retry import KazooRetry
+from kazoo.client import KazooState
+from kazoo.exceptions import NoNodeError
 
 from tidemq.services.nameserver import zk_format
 from tidemq.services.nameserver.registry import (
@@ -59,31 +56,21 @@ from tidemq.services.nameserver.route_table import (
     BrokerRegistration,
     ClusterInfo,
     MasterAddresses,
-    RegistrationRejected,
     RouteTable,
     TopicRoute,
 )
+from tidemq.services.nameserver.zk_routes import (
+    BrokerZnode,
+    build_route_table,
+    members,
+    routes_view,
+)
+from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge, new_client
 from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
-# kazoo's own default grows the pause between reconnection rounds up to an hour; a nameserver
-# must notice a restarted ZooKeeper within seconds.
-RECONNECT_MAX_DELAY_S = 2.0
 READ_RETRY_DELAY_S = 1.0  # after a failed read while still connected (e.g. a timeout)
-
-ZK_ERRORS = (KazooException, KazooTimeoutError)
-
-
-def new_client(hosts: str, session_timeout_ms: int) -> Any:
-    """A kazoo client that keeps reconnecting, at most ``RECONNECT_MAX_DELAY_S`` apart."""
-    return KazooClient(
-        hosts=hosts,
-        timeout=session_timeout_ms / 1000,
-        connection_retry=KazooRetry(
-            max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S
-        ),
-    )
 
 
 @dataclass(frozen=True)
@@ -98,91 +85,6 @@ class ZooKeeperRegistryConfig:
         zk_format.check_hosts(self.hosts)
         zk_format.check_root(self.root)
         zk_format.check_session_timeout_ms(self.session_timeout_ms)
-
-
-# -- pure: a route table from a snapshot of znodes ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class BrokerZnode:
-    """One leaf as read: where it is, what it holds, and the stat fields the rebuild uses."""
-
-    cluster: str
-    broker_name: str
-    broker_id: str  # the znode's name, not yet checked
-    data: bytes
-    czxid: int  # creation order across the whole ensemble
-    mtime_ms: int  # when it was last written: the broker's last-update time
-    ephemeral_owner: int  # session id; 0 for a persistent znode
-
-    @property
-    def path(self) -> str:
-        return f"{self.cluster}/{self.broker_name}/{self.broker_id}"
-
-
-def build_route_table(znodes: Iterable[BrokerZnode]) -> tuple[RouteTable, dict[str, str]]:
-    """The routes ``znodes`` describe, and why each znode left out was left out (path -> why).
-
-    Depends only on the set of znodes, never on their order: they are applied oldest first
-    (czxid), so where two claim the same address the newer wins, as a newer heartbeat would.
-    Two passes: the second applies every registration again once each group's highest epoch is
-    known, so a master with a stale epoch is fenced whichever znode was created first.
-    """
-    problems: dict[str, str] = {}
-    accepted: list[tuple[BrokerZnode, BrokerRegistration]] = []
-    for znode in sorted(znodes, key=lambda z: (z.czxid, z.path)):
-        if znode.ephemeral_owner == 0:
-            problems[znode.path] = "not ephemeral: it would keep its broker routed forever"
-            continue
-        try:
-            name = zk_format.parse_node_name(znode.cluster, znode.broker_name, znode.broker_id)
-            accepted.append((znode, zk_format.decode_registration(name, znode.data)))
-        except zk_format.ZnodeDataError as e:
-            problems[znode.path] = str(e)
-
-    table = RouteTable()
-    refused: dict[str, str] = {}
-    for _ in range(2):
-        refused = {}
-        for znode, reg in accepted:
-            try:
-                table.register(reg, znode.mtime_ms)
-            except RegistrationRejected as e:
-                refused[znode.path] = str(e)
-    problems.update(refused)
-    for znode, reg in accepted:
-        if znode.path not in problems:
-            ref = table.lookup(reg.address)
-            if ref is None or (ref.cluster, ref.broker_name, ref.broker_id) != (
-                reg.cluster,
-                reg.broker_name,
-                reg.broker_id,
-            ):
-                problems[znode.path] = f"address {reg.address} is claimed by a newer znode"
-    # A group whose master's znode is gone keeps serving reads from its slaves, as the embedded
-    # registry does: the lowest id's topics, applied last, win.
-    for znode, reg in sorted(accepted, key=lambda a: -a[1].broker_id):
-        if znode.path not in problems:
-            table.serve_reads_from_slave(reg)
-    return table, problems
-
-
-def _routes_view(table: RouteTable) -> tuple[object, ...]:
-    """Everything a client can see of a table, comparable with ==."""
-    return (table.cluster_info(), [table.route(t) for t in table.topics()])
-
-
-def _members(table: RouteTable) -> set[tuple[str, str, int, str]]:
-    return {
-        (
-            b.registration.cluster,
-            b.registration.broker_name,
-            b.registration.broker_id,
-            b.registration.address,
-        )
-        for c in table.cluster_info()
-        for b in c.brokers
-    }
 
 
 # -- I/O: reading the tree -----------------------------------------------------------------------
@@ -234,29 +136,6 @@ def read_znodes(
 
 
 # -- the backend ----------------------------------------------------------------------------------
-
-
-class KazooLoopBridge:
-    """Hands kazoo's callbacks (its connection and watch threads, which must never block) over
-    to the asyncio loop that owns the state. Subclasses set ``_loop`` and ``_wake`` and say what
-    a session state change means in ``_session_changed``."""
-
-    _loop: asyncio.AbstractEventLoop | None
-    _wake: asyncio.Event
-
-    def _session_changed(self, state: str) -> None:
-        raise NotImplementedError
-
-    def _on_session_event(self, state: str) -> None:
-        self._post(self._session_changed, state)
-
-    def _on_watch(self, event: Any) -> None:
-        self._post(self._wake.set)
-
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
-            self._loop.call_soon_threadsafe(fn, *args)
 
 
 class ZooKeeperRegistry(KazooLoopBridge):
@@ -412,10 +291,10 @@ class ZooKeeperRegistry(KazooLoopBridge):
             log.info("znode %s is no longer skipped", path)
         self._problems = problems
         old = self._table
-        if old is not None and _routes_view(old) == _routes_view(table):
+        if old is not None and routes_view(old) == routes_view(table):
             return
-        before = set() if old is None else _members(old)
-        after = _members(table)
+        before = set() if old is None else members(old)
+        after = members(table)
         for cluster, name, broker_id, address in sorted(after - before):
             log.info("broker %s/%s id %d at %s joined", cluster, name, broker_id, address)
         for cluster, name, broker_id, address in sorted(before - after):

@@ -9,9 +9,9 @@ from typing import Any
 from tidemq.protos import broker_pb2
 from tidemq.services.broker import config_sync
 from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.broker.convert import topic_proto
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
-from tidemq.services.broker.servicer import topic_proto
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 
 

@@ -19,11 +19,8 @@ from tidemq.services.nameserver.route_table import (
     TopicQueues,
 )
 from tidemq.services.nameserver.zk_format import ZooKeeperConfigError
-from tidemq.services.nameserver.zk_registry import (
-    BrokerZnode,
-    ZooKeeperRegistryConfig,
-    build_route_table,
-)
+from tidemq.services.nameserver.zk_registry import ZooKeeperRegistryConfig
+from tidemq.services.nameserver.zk_routes import BrokerZnode, build_route_table
 
 pytestmark = pytest.mark.unit
 

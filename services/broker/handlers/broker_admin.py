@@ -1,0 +1,88 @@
+"""The broker as a whole: its status (store, replication, failover), a planned switchover of
+its group's master, and the config sync a slave asks its master for."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import grpc
+
+from tidemq.protos import broker_pb2, common_pb2
+from tidemq.services.broker import config_sync
+from tidemq.services.broker.convert import broker_info, topic_proto
+from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
+from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.errors import ServiceError, invalid
+from tidemq.storage import MessageStore
+
+
+class FailoverControl(Protocol):
+    """Automatic failover as the Broker service exposes it."""
+
+    def status(self) -> Any: ...
+
+    async def switchover(self, target_broker_id: int) -> Any: ...
+
+
+class BrokerAdminHandlers:
+    def __init__(
+        self,
+        checks: BrokerChecks,
+        store: MessageStore,
+        groups: SubscriptionGroupManager,
+        offsets: OffsetManager,
+        replication_status: Callable[[], Any] | None,
+        failover: FailoverControl | None,
+        metrics: BrokerMetrics | None,
+    ) -> None:
+        self.checks = checks
+        self.config = checks.config
+        self.topics = checks.topics
+        self.role = checks.role
+        self.store = store
+        self.groups = groups
+        self.offsets = offsets
+        self.replication_status = replication_status
+        self.failover = failover
+        self.metrics = metrics
+
+    @typed_errors
+    async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        st = self.store.stats()
+        return broker_pb2.GetBrokerStatusResponse(
+            broker=broker_info(self.config, self.topics, self.role),
+            store=broker_pb2.StoreStatus(
+                commitlog_min_offset=st.commitlog_min_offset,
+                commitlog_max_offset=st.commitlog_max_offset,
+                flushed_offset=st.flushed_offset,
+                dispatched_offset=st.dispatched_offset,
+                disk_usage_ratio=st.disk_usage_ratio,
+                writable=st.writable,
+            ),
+            running=not self.checks.shutting_down,
+            replication=self.replication_status() if self.replication_status else None,
+            failover=self.failover.status() if self.failover is not None else None,
+        )
+
+    @typed_errors
+    async def Switchover(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if self.failover is None:
+            raise ServiceError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                common_pb2.INVALID_ARGUMENT,
+                "this broker runs classic master/slave (failover classic): no switchover",
+                retriable=False,
+            )
+        if request.broker_name and request.broker_name != self.config.broker_name:
+            raise invalid(
+                f"this broker is in group {self.config.broker_name!r}, not {request.broker_name!r}"
+            )
+        self.checks.ensure_master("switch over")
+        return await self.failover.switchover(request.target_broker_id)
+
+    @typed_errors
+    async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return config_sync.answer(request, self.topics, self.groups, self.offsets, topic_proto)

@@ -1,0 +1,114 @@
+"""PullMessage: read a queue from an offset, and at the head of the queue wait (long polling)
+until dispatch makes a message readable, the poll times out, or the broker shuts down."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from tidemq.protos import broker_pb2
+from tidemq.services.broker.convert import parse_tag_expression, to_proto
+from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
+from tidemq.services.broker.long_polling import PullWaiters
+from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.errors import invalid
+from tidemq.storage import MessageStore
+from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
+
+MAX_PULL_MESSAGES = 1024
+DEFAULT_PULL_MESSAGES = 32
+DEFAULT_PULL_BYTES = 4 << 20
+
+
+class PullHandler:
+    def __init__(
+        self,
+        checks: BrokerChecks,
+        store: MessageStore,
+        waiters: PullWaiters,
+        confirm_cap: Callable[[], int | None] | None,
+        metrics: BrokerMetrics | None,
+    ) -> None:
+        self.checks = checks
+        self.config = checks.config
+        self.store = store
+        self.waiters = waiters
+        # Under confirm_offset, pulls see only what in-sync slaves hold.
+        self._confirm_cap = confirm_cap if self.config.replication.confirm_offset else None
+        self.metrics = metrics
+
+    @typed_errors
+    async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        response = await self._pull(request)
+        if self.metrics is not None:
+            self.metrics.pulled(
+                request.topic,
+                broker_pb2.PullStatus.Name(response.status),
+                len(response.messages),
+                sum(m.size for m in response.messages),
+            )
+        return response
+
+    async def _pull(self, request: Any) -> Any:
+        checks = self.checks
+        checks.ensure_running()
+        if request.offset < 0:
+            raise invalid(f"offset {request.offset} is negative")
+        if request.max_messages < 0 or request.max_bytes < 0 or request.long_poll_timeout_ms < 0:
+            raise invalid("max_messages, max_bytes and long_poll_timeout_ms must be >= 0")
+        cfg = checks.topic(request.topic, for_write=False)
+        checks.check_queue(cfg, request.queue_id, for_write=False)
+        tags = parse_tag_expression(request.tag_expression)
+        max_n = min(request.max_messages or DEFAULT_PULL_MESSAGES, MAX_PULL_MESSAGES)
+        max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
+        wait_ms = min(request.long_poll_timeout_ms, self.config.long_poll_max_ms)
+        deadline = time.monotonic() + wait_ms / 1000
+        topic, qid = request.topic, request.queue_id
+        while True:
+            woken = self.waiters.register(topic, qid)
+            try:
+                cap = self._confirm_cap() if self._confirm_cap is not None else None
+                got = self.store.get_messages(
+                    topic, qid, request.offset, max_n, max_bytes, tags, max_commitlog_offset=cap
+                )
+            except OffsetBelowMinError as e:
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.OFFSET_TOO_SMALL,
+                    next_offset=e.min_offset,
+                    min_offset=e.min_offset,
+                    max_offset=self.store.max_offset(topic, qid),
+                )
+            except OffsetBeyondMaxError as e:
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.OFFSET_OVERFLOW,
+                    next_offset=e.max_offset,
+                    min_offset=self.store.min_offset(topic, qid),
+                    max_offset=e.max_offset,
+                )
+            if got.messages or got.next_offset > request.offset:
+                status = broker_pb2.FOUND if got.messages else broker_pb2.NO_MATCHED_MESSAGE
+                return broker_pb2.PullMessageResponse(
+                    status=status,
+                    messages=[to_proto(m) for m in got.messages],
+                    next_offset=got.next_offset,
+                    min_offset=got.min_offset,
+                    max_offset=got.max_offset,
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or checks.shutting_down:
+                return broker_pb2.PullMessageResponse(
+                    status=broker_pb2.NO_NEW_MESSAGE,
+                    next_offset=request.offset,
+                    min_offset=got.min_offset,
+                    max_offset=got.max_offset,
+                )
+            metrics = self.metrics
+            waiting = metrics.long_poll() if metrics is not None else contextlib.nullcontext()
+            with waiting, contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await woken.wait()

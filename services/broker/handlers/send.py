@@ -1,0 +1,136 @@
+"""SendMessage: validate a batch, store it, wait for what its durability needs, answer.
+
+The waiting is here (the disk flush future and, for a SYNC_MASTER, the replication wait, side
+by side); what the waits add up to is ``durability``'s decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import grpc
+
+from tidemq.protos import broker_pb2, common_pb2
+from tidemq.replication.transport import ReplicationServicer
+from tidemq.services.broker.config import BrokerRole
+from tidemq.services.broker.convert import SEND_STATUS, to_store_message
+from tidemq.services.broker.durability import send_status, waits_for_slaves
+from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
+from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.topics import TopicConfig
+from tidemq.services.errors import invalid
+from tidemq.storage import MessageStore, PutResult, PutStatus
+from tidemq.storage.config import parse_host
+
+
+class SendHandler:
+    def __init__(
+        self,
+        checks: BrokerChecks,
+        store: MessageStore,
+        publish_topics: Callable[[], Awaitable[None]],
+        replication: ReplicationServicer | None,
+        metrics: BrokerMetrics | None,
+    ) -> None:
+        self.checks = checks
+        self.config = checks.config
+        self.topics = checks.topics
+        self.role = checks.role
+        self.store = store
+        self.publish_topics = publish_topics
+        self.replication = replication
+        self.metrics = metrics
+
+    @typed_errors
+    async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = time.monotonic()
+        checks = self.checks
+        checks.ensure_running()
+        checks.ensure_master("send")
+        await checks.ensure_acknowledging(request.epoch)
+        if not request.messages:
+            raise invalid("a send carries at least one message")
+        if len(request.messages) > self.config.max_batch_messages:
+            raise invalid(f"at most {self.config.max_batch_messages} messages per send")
+        born = _peer_host(context.peer())
+        batch = []
+        configs: dict[str, TopicConfig] = {}  # a batch is usually one topic: look it up once
+        for m in request.messages:
+            name = m.topic
+            cfg = configs.get(name)
+            if cfg is None:
+                cfg = configs[name] = await self._writable_topic(name)
+            checks.check_queue(cfg, m.queue_id, for_write=True)
+            batch.append(to_store_message(m, born))
+        put = self.store.put_messages(batch)
+        if self.replication is not None:
+            self.replication.notify_appended()
+        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
+        # The lease is checked again at the answer, after the waits (``send_status``).
+        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
+        if status is None:
+            raise checks.not_acknowledging()
+        wire = SEND_STATUS[status]
+        if self.metrics is not None:
+            self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)
+        response = broker_pb2.SendMessageResponse(
+            broker_name=self.config.broker_name, epoch=self.role.epoch
+        )
+        add = response.results.add  # built in place: a list of SendResults would be copied
+        for r, m in zip(put.results, batch, strict=True):
+            add(
+                status=wire,
+                msg_id=r.msg_id,
+                queue_id=m.queue_id,
+                queue_offset=r.queue_offset,
+                commitlog_offset=r.phy_offset,
+            )
+        return response
+
+    async def _writable_topic(self, name: str) -> TopicConfig:
+        if self.topics.get(name) is None and self.config.auto_create_topics:
+            n = self.config.default_queue_nums
+            try:
+                self.topics.upsert(TopicConfig(name, n, n))
+            except ValueError as e:
+                raise invalid(str(e), common_pb2.INVALID_TOPIC) from None
+            # Answer once the route exists: a consumer started right after this send must
+            # find the topic at the nameserver.
+            await self.publish_topics()
+        return self.checks.topic(name, for_write=True)
+
+
+class SyncReplication(Protocol):
+    """The master side of replication, as a send waits on it."""
+
+    def replicate(self, end_offset: int) -> Awaitable[PutStatus]: ...
+
+
+async def wait_durable(
+    put: PutResult, replication: SyncReplication | None, role: BrokerRole
+) -> tuple[PutStatus, PutStatus | None]:
+    """The put's flush status and, when the send waits for the slaves (``waits_for_slaves``),
+    its replication status; else None."""
+    durable = put.durable
+    if not waits_for_slaves(role, replicating=replication is not None):
+        return (durable.result() if durable.done() else await asyncio.wrap_future(durable)), None
+    assert replication is not None  # waits_for_slaves: only a broker that replicates waits
+    last = put.results[-1]
+    # Flush and replication run side by side.
+    replicated = replication.replicate(last.phy_offset + last.size)
+    if durable.done():
+        return durable.result(), await replicated
+    flushed, status = await asyncio.gather(asyncio.wrap_future(durable), replicated)
+    return flushed, status
+
+
+def _peer_host(peer: str) -> tuple[bytes, int]:
+    """gRPC peer strings look like "ipv4:127.0.0.1:5555" or "ipv6:[::1]:5555"."""
+    _, _, rest = peer.partition(":")
+    try:
+        return parse_host(rest)
+    except Exception:  # noqa: BLE001 - a peer we cannot parse (unix socket) is recorded as 0.0.0.0
+        return (bytes(4), 0)

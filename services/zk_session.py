@@ -1,0 +1,60 @@
+"""ZooKeeper sessions as tidemq's processes hold them: a kazoo client that keeps reconnecting,
+the errors that mean "ZooKeeper unavailable", and the hand-over of kazoo's callbacks to the
+asyncio loop. Shared by the nameserver's registry (``nameserver.zk_registry``) and the broker's
+registration and failover agent (``broker.zk_registration``, ``broker.failover``).
+
+kazoo runs session listeners in its connection thread and watch callbacks in its callback
+thread; both only hand the event to the asyncio loop (``call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry
+
+# kazoo's own default grows the pause between reconnection rounds up to an hour; a nameserver
+# must notice a restarted ZooKeeper within seconds.
+RECONNECT_MAX_DELAY_S = 2.0
+
+ZK_ERRORS = (KazooException, KazooTimeoutError)
+
+
+def new_client(hosts: str, session_timeout_ms: int) -> Any:
+    """A kazoo client that keeps reconnecting, at most ``RECONNECT_MAX_DELAY_S`` apart."""
+    return KazooClient(
+        hosts=hosts,
+        timeout=session_timeout_ms / 1000,
+        connection_retry=KazooRetry(
+            max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S
+        ),
+    )
+
+
+class KazooLoopBridge:
+    """Hands kazoo's callbacks (its connection and watch threads, which must never block) over
+    to the asyncio loop that owns the state. Subclasses set ``_loop`` and ``_wake`` and say what
+    a session state change means in ``_session_changed``."""
+
+    _loop: asyncio.AbstractEventLoop | None
+    _wake: asyncio.Event
+
+    def _session_changed(self, state: str) -> None:
+        raise NotImplementedError
+
+    def _on_session_event(self, state: str) -> None:
+        self._post(self._session_changed, state)
+
+    def _on_watch(self, event: Any) -> None:
+        self._post(self._wake.set)
+
+    def _post(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the process is exiting
+            self._loop.call_soon_threadsafe(fn, *args)
