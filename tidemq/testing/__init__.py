@@ -18,7 +18,8 @@ that has the tidemq image (``docker/``; ``TIDEMQ_TEST_IMAGE`` names it) and a Zo
 docs/deployment.md.
 """
 
-from tidemq.testing.cluster import TidemqCluster, broker_toml, group_names
+from tidemq.testing.cluster import TidemqCluster, group_names
+from tidemq.testing.config import broker_toml
 from tidemq.testing.node import Kind, Node, wait_for, zookeeper_mode
 
 __all__ = [

@@ -7,7 +7,7 @@ import string
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,51 +21,18 @@ from tidemq.admin import Admin
 from tidemq.consumer import Consumer
 from tidemq.producer import Producer
 from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
+from tidemq.testing.config import (
+    DEFAULT_BROKER_CONFIG,
+    DEFAULT_IMAGE,
+    DEFAULT_ZOOKEEPER_IMAGE,
+    IMAGE_ENV,
+    LABEL,
+    RUN_LABEL_ENV,
+    ZOOKEEPER_IMAGE_ENV,
+    ZOOKEEPER_TICK_MS,
+    broker_toml,
+)
 from tidemq.testing.node import Kind, Node, wait_for
-
-IMAGE_ENV = "TIDEMQ_TEST_IMAGE"
-ZOOKEEPER_IMAGE_ENV = "TIDEMQ_TEST_ZOOKEEPER_IMAGE"
-# Set by whoever runs a test session (docker/with-engine.sh) to find and remove what a crashed
-# session left behind.
-RUN_LABEL_ENV = "TIDEMQ_TESTING_RUN"
-LABEL = "io.tidemq.testing"
-
-DEFAULT_IMAGE = "tidemq:latest"
-# The official image; any image honouring its ZOO_* variables works (docker/zookeeper/).
-DEFAULT_ZOOKEEPER_IMAGE = "zookeeper:3.8"
-
-# Short ZooKeeper ticks so sessions can expire within seconds (the server allows session
-# timeouts of 2 to 20 ticks), and brokers whose death is noticed within 4 s.
-ZOOKEEPER_TICK_MS = 500
-DEFAULT_BROKER_CONFIG: Mapping[str, Any] = {
-    "zk_session_timeout_ms": 4_000,
-    # Small store files: a test broker should not preallocate gigabytes.
-    "store_overrides": {
-        "commitlog_file_size_bytes": 64 << 20,
-        "consume_queue_entries_per_file": 100_000,
-        "index_slot_num": 50_000,
-        "index_max_num": 200_000,
-    },
-}
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, Sequence):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} to TOML")
-
-
-def broker_toml(config: Mapping[str, Any]) -> str:
-    """A broker.toml of ``BrokerConfig`` keys (services/broker/config.py)."""
-    return "".join(f"{key} = {_toml_value(value)}\n" for key, value in config.items())
 
 
 def _start(container: DockerContainer, attempts: int = 3) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq.admin.status import broker_json, broker_status_json, nameserver_json
 from tidemq.errors import (
     InvalidArgumentError,
     RouteNotFoundError,
@@ -102,45 +103,21 @@ class AsyncAdmin:
                 c.brokers,
                 key=lambda b: (b.broker.identity.broker_name, b.broker.identity.broker_id),
             ):
-                b = live.broker
-                entry: dict[str, Any] = {
-                    "broker_name": b.identity.broker_name,
-                    "broker_id": b.identity.broker_id,
-                    "address": b.address,
-                    "role": _role_name(b.role),
-                    "epoch": b.epoch,
-                    "topics": live.topics,
-                    "last_update_ms": live.last_update_ms,
-                }
+                entry = broker_json(live)
                 try:
                     st = await self._call(
-                        b.address, "GetBrokerStatus", broker_pb2.GetBrokerStatusRequest()
+                        live.broker.address,
+                        "GetBrokerStatus",
+                        broker_pb2.GetBrokerStatusRequest(),
                     )
-                    entry["store"] = {
-                        "commitlog_min_offset": st.store.commitlog_min_offset,
-                        "commitlog_max_offset": st.store.commitlog_max_offset,
-                        "flushed_offset": st.store.flushed_offset,
-                        "dispatched_offset": st.store.dispatched_offset,
-                        "disk_usage_ratio": round(st.store.disk_usage_ratio, 4),
-                        "writable": st.store.writable,
-                    }
-                    entry["replication"] = _replication_json(st.replication)
-                    if st.failover.mode == "auto":
-                        entry["failover"] = _failover_json(st.failover)
+                    entry.update(broker_status_json(st))
                     entry["reachable"] = True
                 except TidemqError as e:
                     entry["reachable"] = False
                     entry["error"] = str(e)
                 brokers.append(entry)
             clusters.append({"cluster": c.cluster, "brokers": brokers})
-        return {
-            "nameserver": {
-                "registry": status.registry,
-                "stale": status.stale,
-                "brokers": status.brokers,
-            },
-            "clusters": clusters,
-        }
+        return {"nameserver": nameserver_json(status), "clusters": clusters}
 
     async def switchover(self, broker_name: str, target_broker_id: int) -> dict[str, int]:
         """Planned handover of a group's mastership (automatic failover) to an in-sync broker:
@@ -390,55 +367,3 @@ class Admin:
 
     def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
         return self._runner.run(self._core.reset_offsets(group, topic, to))
-
-
-def _failover_json(f: Any) -> dict[str, Any]:
-    """A broker's view of its group under automatic failover."""
-    return {
-        "group_epoch": f.group_epoch,
-        "master_id": f.master_id,
-        "isr": list(f.isr),
-        "role": f.role,
-        "local_epoch": f.local_epoch,
-        "acknowledging": f.acknowledging,
-        "priority": f.priority,
-        "waiting_reason": f.waiting_reason,
-    }
-
-
-def _replication_json(rs: Any) -> dict[str, Any]:
-    """A broker's replication status: its slaves' lag (a master) or its link (a slave)."""
-    out: dict[str, Any] = {
-        "confirm_offset_enabled": rs.confirm_offset_enabled,
-        "confirmed_offset": rs.confirmed_offset,
-        "min_insync_replicas": rs.min_insync_replicas,
-        "slaves": [
-            {
-                "broker_id": s.broker_id,
-                "address": s.address,
-                "acked_offset": s.acked_offset,
-                "lag_bytes": s.lag_bytes,
-                "lag_seconds": round(s.lag_seconds, 3),
-                "in_sync": s.in_sync,
-                "connected_for_ms": s.connected_for_ms,
-            }
-            for s in rs.slaves
-        ],
-    }
-    if rs.master_address:
-        out["master"] = {
-            "address": rs.master_address,
-            "connected": rs.connected,
-            "master_max_offset": rs.master_max_offset,
-            "lag_bytes": rs.lag_bytes,
-            "last_config_sync_ms": rs.last_config_sync_ms,
-        }
-    return out
-
-
-def _role_name(role: int) -> str:
-    """The role's name in the generated enum; UNKNOWN for none (0) or a number it lacks."""
-    if role == common_pb2.BROKER_ROLE_UNSPECIFIED or role not in common_pb2.BrokerRole.values():
-        return "UNKNOWN"
-    name: str = common_pb2.BrokerRole.Name(role)
-    return name

@@ -1,0 +1,28 @@
+"""Consumers: ``AsyncConsumer`` (asyncio) and ``Consumer`` (blocking).
+
+- **Clustering** (default): the group's live members split the topic's queues among themselves
+  (``allocate.allocate_averagely``); each member heartbeats to the brokers and re-reads the
+  membership every ``rebalance_interval_ms``, so when members come and go the queues move.
+  Offsets are committed to the broker that owns each queue.
+- **Reading from slaves**: when a group's master fails a call (unreachable, timed out), the
+  consumer reads that group's queues from its slaves, commits there, and tries the master again
+  after ``master_retry_ms``. Its position is kept: a slave that has not yet replicated as far
+  as the consumer got is waited for, never read from an older offset.
+- **Broadcasting**: every member reads every queue; offsets are kept in a local file per group
+  and ``instance_name``, as RocketMQ's LocalFileOffsetStore.
+
+Delivery is at least once. Each owned queue has a long-polling pull task filling a bounded
+buffer; ``poll`` takes from the buffers. With ``auto_commit`` the offsets of what earlier
+``poll`` calls returned are committed every ``auto_commit_interval_ms`` and at ``close``;
+without it, ``commit()`` commits everything returned so far. A new group starts from the
+``start_from`` position: ``"last"`` (only new messages), ``"first"``, or a timestamp in ms.
+
+The modules: ``consumer`` (the API), ``membership`` (heartbeats, the member list, which queues
+this member owns), ``pulling`` (a queue's state and its pull task), ``offsets`` (commits and
+start positions), ``brokers`` (which broker of a group to call: master or slave), ``config``.
+"""
+
+from tidemq.consumer.config import ConsumerConfig
+from tidemq.consumer.consumer import AsyncConsumer, Consumer
+
+__all__ = ["AsyncConsumer", "Consumer", "ConsumerConfig"]

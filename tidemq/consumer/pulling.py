@@ -1,0 +1,137 @@
+"""Pulling: each owned queue has a long-polling pull task filling a bounded buffer, which
+``poll`` takes from. A queue's state also holds its positions (what was pulled, returned by
+``poll``, handled, committed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tidemq.consumer.brokers import CALL_TIMEOUT_S, Brokers
+from tidemq.consumer.config import ConsumerConfig
+from tidemq.errors import TidemqError
+from tidemq.protos import broker_pb2
+from tidemq.routes import MessageQueue
+from tidemq.types import ReceivedMessage
+
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_S = 5.0
+
+
+@dataclass(eq=False)
+class QueueState:
+    mq: MessageQueue
+    next_pull: int
+    delivered: int  # everything below was returned by poll (or filtered out by tags)
+    processed: int  # auto-commit: everything below was returned by an earlier poll
+    committed: int
+    buffer: deque[ReceivedMessage] = field(default_factory=deque)
+    space: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+
+class Puller:
+    """Runs the pull task of each owned queue; sets ``data`` whenever a buffer got messages."""
+
+    def __init__(
+        self,
+        group: str,
+        config: ConsumerConfig,
+        brokers: Brokers,
+        data: asyncio.Event,
+        report: Callable[[TidemqError], None],
+    ) -> None:
+        self.group = group
+        self.config = config
+        self._brokers = brokers
+        self._data = data
+        self._report = report
+
+    def start(self, mq: MessageQueue, offset: int) -> QueueState:
+        """A queue's state from ``offset``, its pull task running."""
+        st = QueueState(mq, offset, offset, offset, offset)
+        st.space.set()
+        st.task = asyncio.ensure_future(self._pull_loop(st))
+        return st
+
+    async def stop(self, st: QueueState) -> None:
+        if st.task is not None:
+            st.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await st.task
+            st.task = None
+        st.buffer.clear()
+
+    async def _pull_loop(self, st: QueueState) -> None:
+        backoff = 0.05
+        cfg = self.config
+        while True:
+            if len(st.buffer) >= cfg.queue_buffer_messages:
+                st.space.clear()
+                await st.space.wait()
+                continue
+            request = broker_pb2.PullMessageRequest(
+                group=self.group,
+                topic=st.mq.topic,
+                queue_id=st.mq.queue_id,
+                offset=st.next_pull,
+                max_messages=cfg.pull_batch_size,
+                max_bytes=cfg.pull_max_bytes,
+                tag_expression=cfg.tags,
+                long_poll_timeout_ms=cfg.long_poll_ms,
+            )
+            try:
+                address, from_master = await self._brokers.read_address(st.mq)
+                resp = await self._brokers.invoke(
+                    st.mq,
+                    address,
+                    "PullMessage",
+                    request,
+                    timeout_s=cfg.long_poll_ms / 1000 + CALL_TIMEOUT_S,
+                )
+            except TidemqError as e:
+                self._report(e)
+                log.warning("pulling %s failed: %s", st.mq, e)
+                self._brokers.routes.invalidate(st.mq.topic)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            if not from_master and resp.status == broker_pb2.OFFSET_OVERFLOW:
+                # A slave behind our position (it has not replicated what the master gave us):
+                # wait for it, or for the master, rather than step back and deliver twice.
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            backoff = 0.05
+            self._apply_pull(st, resp)
+
+    def _apply_pull(self, st: QueueState, resp: Any) -> None:
+        status = resp.status
+        if status == broker_pb2.FOUND:
+            for m in resp.messages:
+                st.buffer.append(ReceivedMessage.from_proto(m, st.mq.broker_name))
+            st.next_pull = resp.next_offset
+            self._data.set()
+            return
+        if status in (broker_pb2.OFFSET_TOO_SMALL, broker_pb2.OFFSET_OVERFLOW):
+            # RocketMQ's correction: jump to the valid range (retention deleted the messages,
+            # or the broker lost its tail); nothing below can be delivered any more.
+            log.warning(
+                "%s: offset %d out of range [%d, %d); continuing at %d",
+                st.mq,
+                st.next_pull,
+                resp.min_offset,
+                resp.max_offset,
+                resp.next_offset,
+            )
+        st.next_pull = resp.next_offset
+        if not st.buffer:
+            st.delivered = max(st.delivered, st.next_pull)
+            if status == broker_pb2.OFFSET_OVERFLOW:
+                st.delivered = st.next_pull

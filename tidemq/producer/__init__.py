@@ -1,0 +1,25 @@
+"""Producers: ``AsyncProducer`` (asyncio) and ``Producer`` (blocking, runs an AsyncProducer on a
+background loop).
+
+How a send travels (``producer`` -> ``accumulator`` -> ``sender``):
+- **Queue selection** (``routing``): round robin over the topic's writable queues, skipping
+  broker groups that just failed or answered slowly (``fault.LatencyFaultTolerance``); or, with
+  a ``sharding_key``, always the same queue for the same key (CRC32 of the key over the sorted
+  queue list), so one consumer sees that key's messages in order.
+- **Automatic batching** (``accumulator``): messages for one broker group collect in an open
+  batch. It is sent when it is full (``batch_max_messages`` / ``batch_max_bytes``), when
+  ``linger_ms`` has passed, or, with ``linger_ms=0``, as soon as fewer than
+  ``max_in_flight_per_broker`` requests are outstanding. So a lone send goes at once, and under
+  load sends coalesce into large RPCs while earlier ones are in flight.
+- **Retries** (``sender``, tenacity): only errors marked retriable, within ``send_timeout_ms``
+  in total and at most ``retries`` more attempts. A retry refreshes the route and moves
+  messages without a sharding key to another broker group; keyed messages keep their queue.
+- **Answers** (``futures``): every accepted message is answered exactly once; the blocking
+  API's ``SendFuture`` wakes its waiters once per response, not once per message.
+"""
+
+from tidemq.producer.config import ProducerConfig, ProducerStats
+from tidemq.producer.futures import SendFuture
+from tidemq.producer.producer import AsyncProducer, Producer
+
+__all__ = ["AsyncProducer", "Producer", "ProducerConfig", "ProducerStats", "SendFuture"]

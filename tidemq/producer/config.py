@@ -1,0 +1,53 @@
+"""The producer's settings, checked when it is built, and its counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ProducerConfig:
+    group: str = "DEFAULT_PRODUCER"
+    batch_max_messages: int = 256
+    batch_max_bytes: int = 1 << 20
+    linger_ms: float = 0.0
+    max_in_flight_per_broker: int = 4
+    # Blocking ``send_async`` waits while this many messages are unanswered (memory bound).
+    buffer_max_messages: int = 65_536
+    send_timeout_ms: int = 10_000  # per message, retries included
+    retries: int = 2
+    route_refresh_ms: int = 30_000
+    failure_isolation_ms: int = 30_000
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in (
+            "batch_max_messages",
+            "batch_max_bytes",
+            "max_in_flight_per_broker",
+            "buffer_max_messages",
+            "send_timeout_ms",
+            "route_refresh_ms",
+        ):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        for name in ("linger_ms", "retries", "failure_isolation_ms"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
+        if self.batch_max_messages > 1024:
+            problems.append("batch_max_messages must be <= 1024 (the broker's limit)")
+        if problems:
+            raise ValueError("invalid producer settings: " + "; ".join(problems))
+
+
+@dataclass
+class ProducerStats:
+    """Counters since the producer started (messages count every attempt, retries included)."""
+
+    requests: int = 0
+    messages: int = 0
+    failed_requests: int = 0
+
+    @property
+    def messages_per_request(self) -> float:
+        return self.messages / self.requests if self.requests else 0.0

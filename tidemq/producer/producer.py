@@ -1,0 +1,372 @@
+"""The producer's API: ``AsyncProducer`` (asyncio) and ``Producer`` (blocking, runs an
+AsyncProducer on a background loop).
+
+A send is checked, counted as unanswered, given a queue (``routing.QueueSelector``; a topic not
+routed yet waits for its route) and handed to the accumulator, which batches it for the sender.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
+from typing import Any
+
+from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq.errors import ClientClosedError, InvalidArgumentError, TidemqError
+from tidemq.producer.accumulator import Accumulator
+from tidemq.producer.config import ProducerConfig, ProducerStats
+from tidemq.producer.futures import Hub, SendFuture, Unanswered
+from tidemq.producer.pending import Pending
+from tidemq.producer.routing import QueueSelector
+from tidemq.producer.sender import FAILOVER_POLL_S, Sender
+from tidemq.routes import NameServerClient, RouteCache, TopicRoute
+from tidemq.types import Message, SendResult
+
+log = logging.getLogger(__name__)
+
+
+def _to_bytes(body: bytes | bytearray | memoryview | str) -> bytes:
+    if isinstance(body, str):
+        return body.encode()
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise InvalidArgumentError(
+        f"body must be bytes or str, not {type(body).__name__}", code="INVALID_ARGUMENT"
+    )
+
+
+def _check_topic(topic: object) -> str:
+    if not isinstance(topic, str) or not topic:
+        raise InvalidArgumentError("topic must be a non-empty string", code="INVALID_TOPIC")
+    return topic
+
+
+def _keys(keys: Sequence[str] | str) -> tuple[str, ...]:
+    return (keys,) if isinstance(keys, str) else tuple(keys)
+
+
+class AsyncProducer:
+    """Sends messages from an asyncio program. Use as ``async with AsyncProducer(...) as p``."""
+
+    def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
+        self.config = ProducerConfig(**settings)
+        self._nameservers = nameserver_addresses(nameserver)
+        self._awaiting_route: dict[str, list[Pending]] = {}
+        self._inbox: deque[Pending] = deque()
+        self._drain_scheduled = False
+        self._next_batch_id = 0
+        self.stats = ProducerStats()
+        self._closed = False
+        self._started = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._channels = Channels()
+        self._nameserver = NameServerClient(self._nameservers, self._channels)
+        # Routes older than three refresh periods are re-read before use (the refresher failed).
+        self.routes = RouteCache(self._nameserver, 3 * self.config.route_refresh_ms / 1000)
+        # The produce path: placed on a queue by the selector, batched by the accumulator,
+        # sent by the sender, answered through ``_unanswered``.
+        self._unanswered = Unanswered()
+        self._selector = QueueSelector(self.routes, self.config)
+        self._sender = Sender(
+            self.config, self._channels, self._selector, self._unanswered, self.stats
+        )
+        self._accumulator = Accumulator(self.config, self._sender, self._spawn)
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> AsyncProducer:
+        if not self._started:
+            self._loop = asyncio.get_running_loop()
+            self._started = True
+            self._spawn(self._refresh_routes())
+        return self
+
+    async def __aenter__(self) -> AsyncProducer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def flush(self) -> None:
+        """Until every message accepted so far is answered (sent, or failed)."""
+        self._drain()
+        self._accumulator.flush()
+        await self._unanswered.idle.wait()
+
+    async def close(self) -> None:
+        """Waits (up to ``send_timeout_ms``) for messages in flight, then closes the channels."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.wait_for(self.flush(), self.config.send_timeout_ms / 1000)
+        except TimeoutError:
+            log.warning("producer closed with %d messages unanswered", self._unanswered.count)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pending in self._inbox:
+            self._unanswered.fail(pending, ClientClosedError("producer closed", code="CLOSED"))
+        await self._channels.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _refresh_routes(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.route_refresh_ms / 1000)
+            await self.routes.refresh_all()
+
+    # ------------------------------------------------------------------ public sends
+    async def send(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] | str = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+    ) -> SendResult:
+        self._check_open()
+        future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        pending = self.pending(topic, body, tag, keys, properties, future, sharding_key)
+        self._unanswered.expect(1)
+        self._accept(pending)
+        return await future
+
+    async def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        """One request, appended atomically to one queue: all the messages or none.
+
+        All messages must have the same topic (and the same sharding key, if any).
+        """
+        self._check_open()
+        msgs = list(messages)
+        if not msgs:
+            return []
+        if len({m.topic for m in msgs}) != 1 or len({m.sharding_key for m in msgs}) != 1:
+            raise InvalidArgumentError(
+                "a batch has one topic and one sharding key", code="INVALID_ARGUMENT"
+            )
+        loop = asyncio.get_running_loop()
+        self._next_batch_id += 1
+        pendings = []
+        futures: list[asyncio.Future[SendResult]] = []
+        for m in msgs:
+            futures.append(loop.create_future())
+            p = self.pending(
+                m.topic, m.body, m.tag, m.keys, m.properties, futures[-1], m.sharding_key
+            )
+            p.batch_id = self._next_batch_id
+            pendings.append(p)
+        self._unanswered.expect(len(pendings))
+        try:
+            route = await self._selector.route(msgs[0].topic)
+            queue = self._selector.select(route, pendings[0])
+        except TidemqError as e:
+            for p in pendings:
+                self._unanswered.fail(p, e)
+            raise
+        for p in pendings:
+            p.queue = queue
+        # Past the accumulator: the batch is one request already.
+        await self._sender.deliver(pendings)
+        return [await f for f in futures]
+
+    # ------------------------------------------------------------------ for the blocking API
+    def submit_threadsafe(self, pending: Pending) -> None:
+        """From any thread: queue a message; the loop picks up everything queued at once."""
+        if self._closed or self._loop is None:
+            raise ClientClosedError("producer closed", code="CLOSED")
+        self._inbox.append(pending)
+        if not self._drain_scheduled:
+            self._drain_scheduled = True
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        # Cleared before draining: a message appended after this line schedules another drain.
+        self._drain_scheduled = False
+        inbox = self._inbox
+        # Counted once for all that is queued now; what arrives meanwhile is the next drain's.
+        n = len(inbox)
+        if not n:
+            return
+        self._unanswered.expect(n)
+        for _ in range(n):
+            self._accept(inbox.popleft())
+
+    def pending(
+        self,
+        topic: str,
+        body: bytes | str,
+        tag: str | None,
+        keys: Sequence[str] | str,
+        properties: Mapping[str, str] | None,
+        future: asyncio.Future[SendResult] | SendFuture,
+        sharding_key: str | None,
+    ) -> Pending:
+        """A message checked and ready to queue (raises InvalidArgumentError when it is not)."""
+        return Pending(
+            _check_topic(topic),
+            _to_bytes(body),
+            tag or "",
+            _keys(keys),
+            properties,
+            future,
+            time.monotonic() + self.config.send_timeout_ms / 1000,
+            sharding_key,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientClosedError("producer closed", code="CLOSED")
+        if not self._started:
+            raise ClientClosedError(
+                "producer not started: use 'async with' or await start()", code="NOT_STARTED"
+            )
+
+    # ------------------------------------------------------------------ routing
+    def _accept(self, p: Pending) -> None:
+        """Place a counted message, once its topic's route is known."""
+        topic = p.topic
+        route = self.routes.cached(topic)
+        if route is not None:
+            self._place(p, route)
+            return
+        waiting = self._awaiting_route.get(topic)
+        if waiting is not None:
+            waiting.append(p)
+            return
+        self._awaiting_route[topic] = [p]
+        self._spawn(self._resolve(topic))
+
+    async def _resolve(self, topic: str) -> None:
+        try:
+            route = await self._selector.route(topic)
+        except Exception as e:  # noqa: BLE001 - whatever it is, every waiting send gets an answer
+            error = e if isinstance(e, TidemqError) else TidemqError(f"{type(e).__name__}: {e}")
+            for p in self._awaiting_route.pop(topic, []):
+                self._unanswered.fail(p, error)
+            return
+        for p in self._awaiting_route.pop(topic, []):
+            self._place(p, route)
+
+    async def _place_later(self, p: Pending, error: TidemqError) -> None:
+        """No writable queue right now (a group changing masters): read the route again every
+        ~100 ms until a master serves the topic or the send's deadline passes."""
+        while time.monotonic() < p.deadline:
+            await asyncio.sleep(FAILOVER_POLL_S + random.uniform(0, FAILOVER_POLL_S))
+            self.routes.invalidate(p.topic)
+            try:
+                route = await self._selector.route(p.topic)
+                self._selector.select(route, p)
+            except TidemqError as e:
+                if not e.retriable:
+                    self._unanswered.fail(p, e)
+                    return
+                error = e
+                continue
+            self._place(p, route)
+            return
+        self._unanswered.fail(p, error)
+
+    def _place(self, p: Pending, route: TopicRoute) -> None:
+        try:
+            queue = self._selector.select(route, p)
+        except TidemqError as e:
+            if e.retriable and time.monotonic() < p.deadline:
+                self._spawn(self._place_later(p, e))
+            else:
+                self._unanswered.fail(p, e)
+            return
+        p.queue = queue
+        self._accumulator.append(p, queue.broker_name)
+
+
+class Producer:
+    """The blocking producer. ``send`` waits for the broker's answer; ``send_async`` returns a
+    ``concurrent.futures.Future`` at once, so a loop of ``send_async`` calls is batched into
+    few RPCs. Thread-safe. Use as a context manager, or call ``close()``::
+
+        with tidemq.Producer(nameserver="127.0.0.1:9876") as producer:
+            result = producer.send("orders", b'{"id": 1}', tag="created", keys=["order-1"])
+    """
+
+    def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
+        self._core = AsyncProducer(nameserver, **settings)
+        self.config = self._core.config
+        self._hub = Hub()
+        self._submitted = 0
+        self._submit_lock = threading.Lock()
+        self._runner = LoopThread("tidemq-producer")
+        try:
+            self._runner.run(self._core.start())
+        except BaseException:
+            self._runner.stop()
+            raise
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] | str = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+    ) -> SendResult:
+        return self.send_async(
+            topic, body, tag=tag, keys=keys, properties=properties, sharding_key=sharding_key
+        ).result()
+
+    def send_async(
+        self,
+        topic: str,
+        body: bytes | str,
+        *,
+        tag: str | None = None,
+        keys: Sequence[str] | str = (),
+        properties: Mapping[str, str] | None = None,
+        sharding_key: str | None = None,
+    ) -> SendFuture:
+        future = SendFuture(self._hub)
+        pending = self._core.pending(topic, body, tag, keys, properties, future, sharding_key)
+        limit = self.config.buffer_max_messages
+        hub = self._hub
+        with self._submit_lock:
+            if self._submitted - hub.completed >= limit:
+                # Memory bound: wait until the broker has answered enough of what is queued.
+                hub.wait_for(lambda: self._submitted - hub.completed < limit, None)
+            self._submitted += 1
+        try:
+            self._core.submit_threadsafe(pending)
+        except ClientClosedError as e:
+            future.set_exception(e)
+        return future
+
+    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
+        return self._runner.run(self._core.send_batch(list(messages)))
+
+    def flush(self) -> None:
+        self._runner.run(self._core.flush())
+
+    @property
+    def stats(self) -> ProducerStats:
+        return self._core.stats
+
+    def close(self) -> None:
+        self._runner.finish(self._core.close)

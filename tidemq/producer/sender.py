@@ -1,0 +1,269 @@
+"""The sender and its retry policy: delivers a batch to its broker groups, one SendMessage
+request each, and answers every message in it; what failed retriably is moved (``routing``)
+and sent again, within the send timeout (tenacity; the rules are in ``tidemq.producer``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from tidemq._runtime import Channels, backoff, monotonic_ms
+from tidemq.errors import RequestTimeoutError, RouteNotFoundError, TidemqError, from_rpc_error
+from tidemq.producer.config import ProducerConfig, ProducerStats
+from tidemq.producer.futures import SendFuture, Unanswered
+from tidemq.producer.pending import Pending
+from tidemq.producer.routing import QueueSelector
+from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.routes import MessageQueue
+from tidemq.types import SendResult, send_status
+
+log = logging.getLogger(__name__)
+
+
+class _Retriable(Exception):
+    """Inside ``deliver``: an attempt left these messages to retry, failed with ``error``."""
+
+    def __init__(self, error: TidemqError, left: list[Pending]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.left = left
+
+
+def _add_to_request(request: Any, p: Pending) -> None:
+    m = request.messages.add(
+        topic=p.topic,
+        body=p.body,
+        queue_id=p.queue.queue_id if p.queue else 0,
+        born_timestamp_ms=p.born_ms,
+        tag=p.tag,
+    )
+    if p.keys:
+        m.keys.extend(p.keys)
+    if p.properties:
+        m.properties.update(p.properties)
+
+
+class Sender:
+    """Sends batches the accumulator sealed (and ``send_batch``'s atomic ones) as
+    SendMessage requests, one per broker group."""
+
+    def __init__(
+        self,
+        config: ProducerConfig,
+        channels: Channels,
+        selector: QueueSelector,
+        unanswered: Unanswered,
+        stats: ProducerStats,
+    ) -> None:
+        self.config = config
+        self._channels = channels
+        self._selector = selector
+        self._unanswered = unanswered
+        self.stats = stats
+
+    async def deliver(self, batch: list[Pending]) -> None:
+        """Send, retrying what failed retriably; every future ends done."""
+        remaining = batch
+        failed_on: set[str] = set()
+        try:
+            try:
+                # Most batches succeed at once: the first attempt skips the retry machinery,
+                # whose setup costs more than a small send.
+                await self._send_once(remaining, failed_on)
+            except _Retriable as e:
+                remaining = e.left
+                if not self.config.retries:
+                    raise e.error from None
+            else:
+                return
+            # RocketMQ retries on another broker group at once; tenacity backs off after that.
+            timeout_s = max(0.0, min(p.deadline for p in remaining) - time.monotonic())
+            attempts = AsyncRetrying(
+                stop=_RetryBudget(self.config.retries, timeout_s),
+                wait=_wait_for(backoff()),
+                retry=retry_if_exception(lambda e: isinstance(e, _Retriable)),
+                reraise=True,
+            )
+            try:
+                async for attempt in attempts:
+                    with attempt:
+                        remaining = await self._reroute(remaining, frozenset(failed_on))
+                        await self._send_once(remaining, failed_on)
+            except _Retriable as e:
+                remaining = e.left
+                raise e.error from None
+        except TidemqError as e:
+            for p in remaining:
+                self._unanswered.fail(p, e)
+        except Exception as e:  # a bug must still answer every caller
+            log.exception("send failed unexpectedly")
+            for p in remaining:
+                self._unanswered.fail(p, TidemqError(f"{type(e).__name__}: {e}"))
+
+    async def _reroute(self, batch: list[Pending], avoid: frozenset[str]) -> list[Pending]:
+        chosen: dict[tuple[str, int], MessageQueue] = {}
+        for p in batch:
+            topic = p.topic
+            self._selector.routes.invalidate(topic)
+            route = await self._selector.route(topic)
+            key = (topic, p.batch_id)
+            if p.batch_id and key in chosen:
+                p.queue = chosen[key]
+                continue
+            if p.sharding_key is not None and p.queue in route.write_queues:
+                queue = p.queue
+            else:
+                try:
+                    queue = self._selector.select(route, p, avoid)
+                except TidemqError as e:
+                    if not e.retriable:
+                        raise
+                    raise _Retriable(e, batch) from None  # no master yet: a failover
+            assert queue is not None
+            chosen[key] = queue
+            p.queue = queue
+        return batch
+
+    async def _send_once(self, batch: list[Pending], failed_on: set[str]) -> None:
+        """One attempt; raises ``_Retriable`` with what is left to retry (everything else is
+        answered: sent, or failed for good)."""
+        by_broker: dict[str, list[Pending]] = {}
+        for p in batch:
+            assert p.queue is not None
+            by_broker.setdefault(p.queue.broker_name, []).append(p)
+        if len(by_broker) == 1:
+            [(broker, group)] = by_broker.items()
+            outcomes = [await self._send_to(broker, group)]
+        else:
+            outcomes = await asyncio.gather(
+                *(self._send_to(broker, group) for broker, group in by_broker.items())
+            )
+        left: list[Pending] = []
+        error: TidemqError | None = None
+        for broker, (group, err) in zip(by_broker, outcomes, strict=True):
+            if err is None:
+                continue
+            if err.retriable:
+                failed_on.add(broker)
+                left += group
+                error = error or err
+            else:
+                for p in group:
+                    self._unanswered.fail(p, err)
+        if error is not None:
+            raise _Retriable(error, left)
+
+    async def _send_to(
+        self, broker: str, group: list[Pending]
+    ) -> tuple[list[Pending], TidemqError | None]:
+        topic = group[0].topic
+        route = self._selector.routes.last_known(topic)
+        address = None
+        if route is not None and broker in route.groups:
+            address = route.groups[broker].master
+        if address is None:
+            route = await self._selector.route(topic)
+            g = route.groups.get(broker)
+            address = g.master if g else None
+        if address is None:
+            return group, RouteNotFoundError(
+                f"broker group {broker} has no master now", code="NOT_MASTER", retriable=True
+            )
+        timeout_s = min(p.deadline for p in group) - time.monotonic()
+        if timeout_s <= 0:
+            return group, RequestTimeoutError(
+                f"send timed out after {self.config.send_timeout_ms} ms",
+                code="TIMEOUT",
+                retriable=False,
+            )
+        stub = self._channels.stub(address, broker_pb2_grpc.BrokerStub)
+        # The route's epoch: a superseded master refuses it (STALE_EPOCH) instead of storing.
+        epoch = route.groups[broker].epoch if route is not None and broker in route.groups else 0
+        request = broker_pb2.SendMessageRequest(producer_group=self.config.group, epoch=epoch)
+        for p in group:
+            _add_to_request(request, p)
+        started = time.monotonic()
+        self.stats.requests += 1
+        self.stats.messages += len(group)
+        fault = self._selector.fault
+        try:
+            resp = await stub.SendMessage(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            err = from_rpc_error(e, f"broker {broker} at {address}")
+            self.stats.failed_requests += 1
+            if err.retriable:
+                fault.record_failure(broker, monotonic_ms())
+            return group, err
+        fault.record_latency(broker, (time.monotonic() - started) * 1000, monotonic_ms())
+        name = resp.broker_name or broker
+        epoch = resp.epoch
+        complete = self._unanswered.complete
+        for p, r in zip(group, resp.results, strict=True):
+            result = SendResult(
+                send_status(r.status),
+                r.msg_id,
+                r.queue_id,
+                r.queue_offset,
+                name,
+                p.topic,
+                r.commitlog_offset,
+                epoch,
+                address,
+            )
+            complete(p, result, wake=False)
+        # Blocked callers are woken once for the whole answer, not once per message.
+        for p in group:
+            if type(p.future) is SendFuture:
+                p.future.wake_waiters()
+                break
+        return group, None
+
+
+# Errors that mean "this group is changing masters": worth retrying until the send timeout,
+# however many attempts that takes, since the group heals itself within seconds.
+_FAILOVER_CODES = frozenset({"NOT_MASTER", "STALE_EPOCH", "ROUTE_NOT_FOUND", "UNAVAILABLE"})
+FAILOVER_POLL_S = 0.05
+
+
+def _failing_over(state: RetryCallState) -> bool:
+    """The last attempt failed because its group is changing masters."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES
+
+
+class _RetryBudget(stop_base):
+    """At most ``retries`` more attempts, within ``timeout_s`` in all; a failover in progress
+    (no master, a superseded one) is retried until the timeout alone."""
+
+    def __init__(self, retries: int, timeout_s: float) -> None:
+        self.retries = retries
+        self.timeout_s = timeout_s
+
+    def __call__(self, state: RetryCallState) -> bool:
+        elapsed = state.seconds_since_start or 0.0
+        if elapsed >= self.timeout_s:
+            return True
+        if _failing_over(state):
+            return False
+        return state.attempt_number >= self.retries
+
+
+def _wait_for(other: wait_base) -> Callable[[RetryCallState], float]:
+    """A failover in progress is polled every ~100 ms (a new master is elected within a
+    second or two of the old one's session expiring); other errors back off as ``other``."""
+
+    def wait(state: RetryCallState) -> float:
+        if _failing_over(state):
+            return FAILOVER_POLL_S + random.uniform(0, FAILOVER_POLL_S)
+        return float(other(state))
+
+    return wait
