@@ -30,8 +30,8 @@ from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.consume_queue import ENTRY_SIZE
 from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
 from tidemq.storage.errors import CorruptStoreError
-from tidemq.storage.index_file import IndexService
 from tidemq.storage.index_rebuild import HelperIndexSink
+from tidemq.storage.index_service import IndexService
 from tidemq.storage.record import END_OF_FILE, OK, RecordInfo, check_record
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from tidemq.storage.errors import (
     TailNotAlignedError,
 )
 from tidemq.storage.flush import FlushService
-from tidemq.storage.index_file import IndexService
+from tidemq.storage.index_service import IndexService
 from tidemq.storage.javahash import tag_code
 from tidemq.storage.lock import StoreLock
 from tidemq.storage.record import AppendResult, Message, StoredMessage, parse_msg_id
