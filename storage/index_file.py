@@ -38,15 +38,16 @@ nothing that reached the mapping.
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import mmap
 import os
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
 
+from tidemq.storage.allocate import allocate
 from tidemq.storage.atomic_file import fsync_dir
-from tidemq.storage.errors import ConfigError, CorruptStoreError, DiskFullError
+from tidemq.storage.errors import ConfigError, CorruptStoreError
 from tidemq.storage.javahash import index_key_hash
 
 _HEADER = struct.Struct(">qqqqii")
@@ -101,14 +102,11 @@ class IndexFile:
         # Built under a temporary name and renamed once the header is durable, so a crash never
         # leaves a full-size file of zeros (indexCount 0) under a real name.
         tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # left by a create that died before its rename
+        allocate(tmp, size)
+        fd = os.open(tmp, os.O_RDWR)
         try:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise DiskFullError(f"no space for index file {path} ({size} bytes)") from e
-                raise
             mm = mmap.mmap(fd, size)
             _HEADER.pack_into(
                 mm, 0, begin_timestamp, begin_timestamp, begin_phy_offset, begin_phy_offset, 0, 1
