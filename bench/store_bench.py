@@ -248,7 +248,7 @@ def append_dispatch_run(
         # (``dispatcher.dispatch(end)``; in ASYNC mode the end is the CommitLog's max offset), so
         # there is no window in which the background thread could take the work over and the
         # measured time is the dispatch of the whole backlog, nothing else.
-        with s._dispatch_lock:
+        with s.dispatch_held():
             proc0 = time.process_time()
             wall0 = time.perf_counter()
             if prof is not None:

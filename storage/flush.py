@@ -70,6 +70,8 @@ class FlushService:
         )
         self._stopping = False
         self._failed: BaseException | None = None
+        # Flushes of this thread that moved the flushed offset: under sync flush, group commits.
+        self.flushes = 0
         self._thread = threading.Thread(target=self._run, name="commitlog-flush", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="flush-watcher", daemon=True)
 
@@ -95,6 +97,7 @@ class FlushService:
 
     def _run(self) -> None:
         last_thorough = self._clock()
+        last_flushed: int | None = None
         while True:
             with self._cond:
                 if self._stopping:
@@ -122,6 +125,9 @@ class FlushService:
                 self._fail_all(e)
                 self._on_error(e)
                 return
+            if last_flushed is not None and flushed > last_flushed:
+                self.flushes += 1
+            last_flushed = flushed
             self._on_flushed(flushed)
             if pending:
                 self._complete_upto(flushed)
