@@ -35,8 +35,9 @@ def test_a_failed_reservation_is_a_typed_error_and_leaves_no_file(
 
     monkeypatch.setattr(os, "posix_fallocate", refuse)
     for create in _creators(tmp_path):
-        with pytest.raises(error):
+        with pytest.raises(error) as e:
             create()
+        assert type(e.value) is error  # DiskFullError is a StoreNotWritableError too
     assert os.listdir(tmp_path) == []
 
 
