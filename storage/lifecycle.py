@@ -97,6 +97,7 @@ class StoreLifecycle:
             sync_timeout_ms=cfg.sync_flush_timeout_ms,
             on_flushed=lambda _off: self.wake_dispatch(),
             on_error=self._on_fatal,
+            flushed_offset=self._parts.commitlog.mfq.flushed_offset,
         )
         self.flusher = flusher
         flusher.start()

@@ -116,7 +116,7 @@ class MessageStore:
     @property
     def commitlog_flushes(self) -> int:
         """Flushes by the flusher thread that moved the flushed offset (under sync flush, the
-        group commits); 0 while the store is not open."""
+        group commits); 0 before the store is opened."""
         flusher = self._lifecycle.flusher
         return flusher.flushes if flusher is not None else 0
 
