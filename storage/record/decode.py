@@ -35,6 +35,15 @@ from tidemq.storage.record.layout import (
 from tidemq.storage.record.messages import RecordInfo, StoredMessage
 from tidemq.storage.record.properties import decode_properties
 
+# Names bound here rather than by the import, for what runs per record: CPython 3.11 compiles
+# ``NAME.method(...)`` as a method call, except on a name an import bound, which it takes for a
+# module and compiles as an attribute load that builds a bound method on every call.
+_BLANK = BLANK
+_HEADER_V4 = HEADER_V4
+_I16 = I16
+_PREFIX = PREFIX
+_TOPIC_BYTES_RE = TOPIC_BYTES_RE
+
 _known_topics: dict[bytes, str] = {}  # topic bytes already seen valid in a record
 
 # What _layout found: the header's fields (the IPv4 tuple order, hosts as their full bytes),
@@ -51,7 +60,7 @@ def _layout(
     avail = limit - pos
     if avail < BLANK_SIZE:
         return INCOMPLETE, f"only {avail} bytes left"
-    size, magic = BLANK.unpack_from(buf, pos)
+    size, magic = _BLANK.unpack_from(buf, pos)
     if magic == BLANK_MAGIC:
         return END_OF_FILE, None
     if magic not in (MAGIC_V1, MAGIC_V2):
@@ -63,9 +72,9 @@ def _layout(
     if size > avail:
         return INCOMPLETE, f"record of {size} bytes but only {avail} available"
     # Read the header as the common IPv4 layout; re-read it when SYSFLAG says otherwise.
-    fields = HEADER_V4.unpack_from(buf, pos)
+    fields = _HEADER_V4.unpack_from(buf, pos)
     sys_flag = fields[7]
-    hdr = HEADER_V4
+    hdr = _HEADER_V4
     if sys_flag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6):
         hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
         fields = hdr.unpack_from(buf, pos)
@@ -77,7 +86,7 @@ def _layout(
     if body_len < 0 or topic_len_at + (2 if v2 else 1) + 2 > end:
         return CORRUPT, "body length runs past the record"
     if v2:
-        topic_len = I16.unpack_from(buf, topic_len_at)[0]
+        topic_len = _I16.unpack_from(buf, topic_len_at)[0]
         topic_at = topic_len_at + 2
     else:
         topic_len = buf[topic_len_at]
@@ -85,7 +94,7 @@ def _layout(
     props_len_at = topic_at + topic_len
     if props_len_at + 2 > end:
         return CORRUPT, "topic length runs past the record"
-    props_len = I16.unpack_from(buf, props_len_at)[0]
+    props_len = _I16.unpack_from(buf, props_len_at)[0]
     if props_len < 0 or props_len_at + 2 + props_len != end:
         return CORRUPT, "record length does not match its fields"
     if fields[6] != expect_phy_offset:
@@ -100,7 +109,7 @@ def _topic_of(buf: Buf, topic_at: int, props_len_at: int) -> str | None:
     topic_raw = bytes(buf[topic_at:props_len_at])
     topic = _known_topics.get(topic_raw)
     if topic is None:
-        if not topic_raw or not TOPIC_BYTES_RE.match(topic_raw):
+        if not topic_raw or not _TOPIC_BYTES_RE.match(topic_raw):
             return None
         topic = topic_raw.decode("ascii")
         if len(_known_topics) >= 65_536:
@@ -210,20 +219,20 @@ def _stored(
 
 def decode_record(buf: Buf, pos: int = 0) -> StoredMessage:
     """Decode a record already known to be whole (see check_record)."""
-    magic, sys_flag = PREFIX.unpack_from(buf, pos)[1::6]
+    magic, sys_flag = _PREFIX.unpack_from(buf, pos)[1::6]
     hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
     fields = hdr.unpack_from(buf, pos)
     body_at = pos + hdr.size
     at = body_at + fields[16]
     body = bytes(buf[body_at:at])
     if magic == MAGIC_V2:
-        (topic_len,) = I16.unpack_from(buf, at)
+        (topic_len,) = _I16.unpack_from(buf, at)
         at += 2
     else:
         topic_len = buf[at]
         at += 1
     topic = bytes(buf[at : at + topic_len]).decode("utf-8", "replace")
     at += topic_len
-    (props_len,) = I16.unpack_from(buf, at)
+    (props_len,) = _I16.unpack_from(buf, at)
     props = decode_properties(bytes(buf[at + 2 : at + 2 + props_len])) if props_len else {}
     return _stored(fields, topic, fields[0], body, props)

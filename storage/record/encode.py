@@ -4,6 +4,7 @@ The put path's whole per-message cost is here, in ``encode_batch``."""
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Final, NoReturn
@@ -38,7 +39,6 @@ from tidemq.storage.record.layout import (
 )
 from tidemq.storage.record.messages import AppendResult, EncodedBatch, Message
 from tidemq.storage.record.properties import (
-    BAD_KEY_CHARS,
     BAD_PROPERTY_CHARS,
     PROP_KEYS,
     PROP_TAGS,
@@ -46,6 +46,16 @@ from tidemq.storage.record.properties import (
 )
 
 _I32_MAX: Final = (1 << 31) - 1
+_BAD_KEY_CHARS = re.compile("[ \x01\x02]")
+
+# Names bound here rather than by the import, for what runs per message: CPython 3.11 compiles
+# ``NAME.method(...)`` as a method call, except on a name an import bound, which it takes for a
+# module and compiles as an attribute load that builds a bound method on every call.
+_BLANK = BLANK
+_I16 = I16
+_TOPIC_RE = TOPIC_RE
+_BAD_PROPERTY_CHARS = BAD_PROPERTY_CHARS
+
 _valid_topics: dict[str, bytes] = {}
 
 
@@ -67,7 +77,7 @@ def validate_topic(topic: str) -> bytes:
         raise InvalidTopicError("topic is empty")
     if len(encoded) > TOPIC_MAX_BYTES:
         raise InvalidTopicError(f"topic is {len(encoded)} bytes, at most {TOPIC_MAX_BYTES} allowed")
-    if not TOPIC_RE.match(topic):
+    if not _TOPIC_RE.match(topic):
         raise InvalidTopicError(
             f"topic {topic!r} may hold only letters, digits, '%', '|', '_', '-'"
         )
@@ -75,7 +85,7 @@ def validate_topic(topic: str) -> bytes:
 
 
 def write_blank(buf: WBuf, pos: int, remaining: int) -> None:
-    BLANK.pack_into(buf, pos, remaining, BLANK_MAGIC)
+    _BLANK.pack_into(buf, pos, remaining, BLANK_MAGIC)
 
 
 def record_suffix(msg: Message, record_crc: bool) -> tuple[bytes, int]:
@@ -93,7 +103,7 @@ def record_suffix(msg: Message, record_crc: bool) -> tuple[bytes, int]:
             return cached
     prefix = topic_prefix(msg.topic)
     for k in msg.keys:
-        if not k or BAD_KEY_CHARS.search(k):
+        if not k or _BAD_KEY_CHARS.search(k):
             raise InvalidPropertyError(f"key {k!r} must be non-empty, free of spaces, \\x01, \\x02")
     keys = " ".join(msg.keys)
     if msg.properties:
@@ -109,7 +119,7 @@ def record_suffix(msg: Message, record_crc: bool) -> tuple[bytes, int]:
             props[PROP_KEYS] = keys
         props_raw = encode_properties(props)
     else:
-        if msg.tags and BAD_PROPERTY_CHARS.search(msg.tags):
+        if msg.tags and _BAD_PROPERTY_CHARS.search(msg.tags):
             raise InvalidPropertyError("tags must be free of \\x01 and \\x02")
         text = (f"TAGS\x01{msg.tags}\x02" if msg.tags else "") + (
             f"KEYS\x01{keys}\x02" if keys else ""
@@ -123,10 +133,10 @@ def record_suffix(msg: Message, record_crc: bool) -> tuple[bytes, int]:
         )
     if record_crc:
         suffix = b"".join(
-            (prefix, I16.pack(len(props_raw) + RECORD_CRC_SIZE), props_raw, RECORD_CRC_NAME)
+            (prefix, _I16.pack(len(props_raw) + RECORD_CRC_SIZE), props_raw, RECORD_CRC_NAME)
         )
     else:
-        suffix = b"".join((prefix, I16.pack(len(props_raw)), props_raw))
+        suffix = b"".join((prefix, _I16.pack(len(props_raw)), props_raw))
     encoded = (suffix, crc32(suffix))
     if plain:
         if len(cache) >= 4_096:

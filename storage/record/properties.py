@@ -22,7 +22,6 @@ NAME_SEP: Final = "\x01"
 PROP_SEP: Final = "\x02"
 
 BAD_PROPERTY_CHARS = re.compile("[\x01\x02]")
-BAD_KEY_CHARS = re.compile("[ \x01\x02]")
 
 
 def encode_properties(props: Mapping[str, str]) -> bytes:
