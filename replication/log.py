@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.crc import crc32
 from tidemq.storage.errors import OffsetBelowMinError
+from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.record import OK, RecordInfo
 
 MAX_FILE_PROBES = 64
@@ -55,7 +55,7 @@ class CommitLogView:
     """A LogView over a live CommitLog (read-only; safe beside the appending thread, which only
     ever adds bytes past what this reads)."""
 
-    def __init__(self, commitlog: CommitLog) -> None:
+    def __init__(self, commitlog: CommitLogReader) -> None:
         self._cl = commitlog
 
     @property
@@ -83,11 +83,11 @@ class CommitLogView:
         return crc
 
 
-def slave_probes(commitlog: CommitLog, max_file_probes: int = MAX_FILE_PROBES) -> list[Probe]:
+def slave_probes(commitlog: CommitLogReader, max_file_probes: int = MAX_FILE_PROBES) -> list[Probe]:
     """The probes a slave sends in its handshake (see the module docstring), newest first."""
     end = commitlog.max_offset
-    files = commitlog.mfq.files
-    if not files or end <= commitlog.min_offset:
+    bases = commitlog.file_base_offsets()
+    if not bases or end <= commitlog.min_offset:
         return []
     view = CommitLogView(commitlog)
     seen: set[tuple[int, int]] = set()
@@ -99,18 +99,18 @@ def slave_probes(commitlog: CommitLog, max_file_probes: int = MAX_FILE_PROBES) -
             seen.add((offset, length))
             probes.append(Probe(offset, length, crc))
 
-    last = _last_record(commitlog, end)
+    last = _last_record(commitlog, bases, end)
     if last is not None:
         add(last[0], end - last[0])
         add(*last)
-    for f in reversed(files[-max_file_probes:]):
-        first = _first_record(commitlog, f.base_offset, end)
+    for base in reversed(bases[-max_file_probes:]):
+        first = _first_record(commitlog, base, end)
         if first is not None:
             add(*first)
     return probes
 
 
-def _records(commitlog: CommitLog, start: int, end: int) -> list[tuple[int, int]]:
+def _records(commitlog: CommitLogReader, start: int, end: int) -> list[tuple[int, int]]:
     """(offset, size) of the whole records in [start, end), CRCs unchecked: probes are compared
     with the master's bytes, which is a stronger check than the CRC."""
     out = []
@@ -122,20 +122,19 @@ def _records(commitlog: CommitLog, start: int, end: int) -> list[tuple[int, int]
     return out
 
 
-def _last_record(commitlog: CommitLog, end: int) -> tuple[int, int] | None:
+def _last_record(commitlog: CommitLogReader, bases: list[int], end: int) -> tuple[int, int] | None:
     """The last whole record below ``end``: looked for in the last file, then the one before (the
     last may hold only the start of a record)."""
-    files = commitlog.mfq.files
-    for f in reversed(files[-2:]):
-        if f.base_offset >= end:
+    for base in reversed(bases[-2:]):
+        if base >= end:
             continue
-        records = _records(commitlog, f.base_offset, min(f.end_offset, end))
+        records = _records(commitlog, base, min(base + commitlog.file_size, end))
         if records:
             return records[-1]
     return None
 
 
-def _first_record(commitlog: CommitLog, base: int, end: int) -> tuple[int, int] | None:
+def _first_record(commitlog: CommitLogReader, base: int, end: int) -> tuple[int, int] | None:
     for at, status, info in commitlog.iter_records(base, end, verify_from=end):
         if status == OK and isinstance(info, RecordInfo):
             return at, info.size

@@ -173,7 +173,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         if (
             self._closing
             or not self.active
-            or not self.tracker.quorum_available(self.store.commitlog.max_offset)
+            or not self.tracker.quorum_available(self.store.log.max_offset)
         ):
             return PutStatus.SLAVE_NOT_AVAILABLE
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -191,7 +191,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
     def _advance(self) -> None:
         """The ack handler: after a report, move the confirmed offset and release every send it
         now covers (one report can acknowledge many sends: group acknowledgement)."""
-        q = self.tracker.confirmed_offset(self.store.commitlog.max_offset)
+        q = self.tracker.confirmed_offset(self.store.log.max_offset)
         if q is None or q <= self.confirmed_offset:
             return
         self.confirmed_offset = q
@@ -203,9 +203,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
 
     def lags(self) -> list[SlaveLag]:
         store = self.store
-        return self.tracker.lags(
-            store.commitlog.max_offset, store.dispatcher.last_store_timestamp_ms
-        )
+        return self.tracker.lags(store.log.max_offset, store.dispatched_store_timestamp_ms)
 
     async def refuse(self, context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
         await context.abort(REFUSAL_STATUS[refusal.kind], refusal.reason)
@@ -245,7 +243,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             self.identity,
             store.config.commitlog_file_size_bytes,
             hs,
-            CommitLogView(store.commitlog),
+            CommitLogView(store.log),
             self.epochs.log if self.epochs is not None else None,
         )
         who = f"{hs.identity.broker_name}/{hs.identity.broker_id} at {context.peer()}"
@@ -284,7 +282,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
     async def _send_loop(self, link_id: int, wake: asyncio.Event, who: str) -> AsyncIterator[Any]:
         poll_s = self.config.poll_interval_ms / 1000
         tracker = self.tracker
-        commitlog = self.store.commitlog
+        commitlog = self.store.log
         generation = self._generation
         while not self._closing and self._generation == generation:
             end = commitlog.max_offset
@@ -357,7 +355,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                     r.max_offset,
                     monotonic_ms(),
                     r.last_store_timestamp_ms,
-                    self.store.commitlog.max_offset,
+                    self.store.log.max_offset,
                 )
                 self._advance()
                 wake.set()
@@ -484,7 +482,7 @@ class SlaveClient:
     async def _stream(self, address: str) -> None:
         cfg = self.config
         store = self.store
-        cl = store.commitlog
+        cl = store.log
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
         async with grpc.aio.insecure_channel(address, options=options) as channel:
             call = self._call = replication_pb2_grpc.ReplicationStub(channel).Stream()
@@ -509,7 +507,7 @@ class SlaveClient:
                     a.truncate,
                     a.reason,
                     a.master_max_offset,
-                    local_empty=not cl.mfq.files,
+                    local_empty=not cl.file_base_offsets(),
                     local_max_offset=cl.max_offset,
                     now_ms=monotonic_ms(),
                 )
@@ -537,7 +535,7 @@ class SlaveClient:
                 call.cancel()
 
     async def _handshake(self, call: Any) -> None:
-        cl = self.store.commitlog
+        cl = self.store.log
         probes = await asyncio.to_thread(slave_probes, cl)
         me = self.identity
         wire_probes = [R.LogProbe(offset=p.offset, length=p.length, crc32=p.crc32) for p in probes]
@@ -548,7 +546,7 @@ class SlaveClient:
                     broker_name=me.broker_name,
                     broker_id=me.broker_id,
                     commitlog_file_size=cl.file_size,
-                    empty=not cl.mfq.files,
+                    empty=not cl.file_base_offsets(),
                     min_offset=cl.min_offset,
                     max_offset=cl.max_offset,
                     probes=wire_probes,
@@ -569,7 +567,7 @@ class SlaveClient:
             offset = session.expected_offset
             assert offset is not None
             if session.report_due(offset, now):
-                ts = store.dispatcher.last_store_timestamp_ms
+                ts = store.dispatched_store_timestamp_ms
                 report = R.Report(max_offset=offset, last_store_timestamp_ms=ts)
                 await call.write(R.SlaveMessage(report=report))
                 session.on_reported(offset, now)
@@ -587,7 +585,7 @@ class SlaveClient:
                 self._note_confirm(chunk.confirm_offset, end)
             elif kind == "heartbeat":
                 session.on_heartbeat(m.heartbeat.master_max_offset, monotonic_ms())
-                self._note_confirm(m.heartbeat.confirm_offset, store.commitlog.max_offset)
+                self._note_confirm(m.heartbeat.confirm_offset, store.log.max_offset)
             else:
                 raise ProtocolError(f"unexpected {kind} on an established link")
 

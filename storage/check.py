@@ -22,6 +22,7 @@ from tidemq.storage.errors import StoreError
 from tidemq.storage.index_file import IndexFile
 from tidemq.storage.javahash import index_key_hash, tag_code
 from tidemq.storage.lock import StoreLock
+from tidemq.storage.manifest import LAYOUT_FILE
 from tidemq.storage.mapped_file_queue import MappedFileQueue
 from tidemq.storage.record import (
     END_OF_FILE,
@@ -72,9 +73,9 @@ class _OfflineStore:
     """The store's files mapped for reading, under the store lock so no broker writes meanwhile."""
 
     def __init__(self, root: str) -> None:
-        layout = read_json_with_fallback(os.path.join(root, "store.json"))
+        layout = read_json_with_fallback(os.path.join(root, LAYOUT_FILE))
         if layout is None:
-            raise StoreError(f"{root} is not a tidemq store (no store.json)")
+            raise StoreError(f"{root} is not a tidemq store (no {LAYOUT_FILE})")
         self.root = root
         self.layout = layout
         self.record_crc = bool(layout.get("record_crc", False))

@@ -24,6 +24,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from tidemq.storage.allocate import allocate
 from tidemq.storage.atomic_file import fsync_dir
 
 FILE_SIZE = 4096
@@ -85,10 +86,10 @@ def write_checkpoint(root_dir: str, cp: Checkpoint) -> None:
     old or the new value, and the CRC catches anything else."""
     path = checkpoint_path(root_dir)
     created = not os.path.exists(path)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    if created:
+        allocate(path, FILE_SIZE)
+    fd = os.open(path, os.O_RDWR)
     try:
-        if created:
-            os.ftruncate(fd, FILE_SIZE)
         os.pwrite(fd, cp.encode(), 0)
         os.fdatasync(fd)
     finally:

@@ -18,6 +18,7 @@ from tidemq.storage import FlushMode, Message, MessageStore, StoreConfig
 from tidemq.storage.atomic_file import read_json_with_fallback
 from tidemq.storage.check import check_store, dump_records
 from tidemq.storage.errors import StoreError
+from tidemq.storage.manifest import LAYOUT_FILE
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -38,7 +39,7 @@ def exits_on_store_error(command: Command) -> Command:
 
 def _store_config(directory: str, **overrides: object) -> StoreConfig:
     """A config matching the layout the store was created with (store.json), if it exists."""
-    layout = read_json_with_fallback(os.path.join(directory, "store.json")) or {}
+    layout = read_json_with_fallback(os.path.join(directory, LAYOUT_FILE)) or {}
     keys = (
         "commitlog_file_size_bytes",
         "consume_queue_entries_per_file",

@@ -20,7 +20,7 @@ from tidemq.storage.errors import (
     OffsetBelowMinError,
     RawAppendOffsetError,
 )
-from tidemq.storage.mapped_file import MappedFile, offset_to_name
+from tidemq.storage.mapped_file import MappedFile
 from tidemq.storage.mapped_file_queue import MappedFileQueue
 from tidemq.storage.record import (
     BLANK_SIZE,
@@ -129,21 +129,13 @@ class CommitLog:
                 created.append(self.mfq.file_for_append(start))
                 f = created[-1]
             while f.end_offset < end:
-                created.append(self._new_file(f.end_offset))
+                created.append(self.mfq.create_file(f.end_offset))
                 f = created[-1]
         except BaseException:
             for c in created:
                 c.destroy()
             self.mfq.files = [x for x in self.mfq.files if x not in created]
             raise
-
-    def _new_file(self, base: int) -> MappedFile:
-        os.makedirs(self.mfq.directory, exist_ok=True)
-        f = MappedFile.create(
-            os.path.join(self.mfq.directory, offset_to_name(base)), self.file_size, base
-        )
-        self.mfq.files = [*self.mfq.files, f]
-        return f
 
     def append_raw(self, offset: int, data: bytes | memoryview) -> int:
         """Append replicated bytes at exactly the end of the log; returns the new end."""

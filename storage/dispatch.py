@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.consume_queue import GAP, ConsumeQueue
 from tidemq.storage.errors import CorruptRecordError, CorruptStoreError
-from tidemq.storage.index_file import IndexService
+from tidemq.storage.index_service import IndexService
 from tidemq.storage.javahash import tag_code_of_bytes
 from tidemq.storage.record import (
     CORRUPT,

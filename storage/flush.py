@@ -54,6 +54,7 @@ class FlushService:
         on_flushed: Callable[[int], None],
         on_error: Callable[[BaseException], None],
         clock: Callable[[], float] = time.monotonic,
+        flushed_offset: int = 0,
     ) -> None:
         self._flush = flush
         self.sync = sync
@@ -70,6 +71,10 @@ class FlushService:
         )
         self._stopping = False
         self._failed: BaseException | None = None
+        # Flushes of this thread that moved the flushed offset (under sync flush, the group
+        # commits), counted from where the log was flushed to as the service started.
+        self.flushes = 0
+        self._flushed = flushed_offset
         self._thread = threading.Thread(target=self._run, name="commitlog-flush", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="flush-watcher", daemon=True)
 
@@ -122,6 +127,9 @@ class FlushService:
                 self._fail_all(e)
                 self._on_error(e)
                 return
+            if flushed > self._flushed:
+                self.flushes += 1
+            self._flushed = flushed
             self._on_flushed(flushed)
             if pending:
                 self._complete_upto(flushed)

@@ -37,7 +37,7 @@ from typing import BinaryIO
 
 from tidemq.storage.dispatch import Dispatcher
 from tidemq.storage.errors import CorruptStoreError
-from tidemq.storage.index_file import IndexService
+from tidemq.storage.index_service import IndexService
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,7 @@ its first byte.
 Three positions per file (spec §4.1): ``wrote`` (bytes appended), ``committed`` (equal to wrote:
 we have no TransientStorePool) and ``flushed`` (bytes known durable). Readers see up to ``wrote``.
 
-Files are reserved with ``posix_fallocate`` rather than left sparse: on a full disk the failure is
-an error at file creation, not a SIGBUS on some later page write that kills the process.
+Files are created with their blocks reserved (``storage.allocate``), never sparse.
 """
 
 from __future__ import annotations
@@ -14,7 +13,8 @@ import contextlib
 import mmap
 import os
 
-from tidemq.storage.errors import CorruptStoreError, StoreNotWritableError
+from tidemq.storage.allocate import allocate
+from tidemq.storage.errors import CorruptStoreError
 
 PAGE_SIZE = mmap.PAGESIZE
 _ZERO_CHUNK = bytes(1 << 20)
@@ -22,18 +22,6 @@ _ZERO_CHUNK = bytes(1 << 20)
 
 def offset_to_name(offset: int) -> str:
     return f"{offset:020d}"
-
-
-def allocate(path: str, size: int) -> None:
-    """Create ``path`` at exactly ``size`` bytes with its blocks reserved, or fail cleanly."""
-    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        os.close(fd)
-        os.unlink(path)
-        raise StoreNotWritableError(f"cannot allocate {size} bytes for {path}: {e}") from e
-    os.close(fd)
 
 
 PWRITE_MIN_BYTES = 64 << 10

@@ -96,6 +96,10 @@ class MappedFileQueue:
         if last is not None and not last.is_full:
             return last
         base = last.end_offset if last is not None else start_offset - start_offset % self.file_size
+        return self.create_file(base)
+
+    def create_file(self, base: int) -> MappedFile:
+        """A new empty file at ``base`` (the next after the last), appended to the queue."""
         os.makedirs(self.directory, exist_ok=True)
         f = MappedFile.create(
             os.path.join(self.directory, offset_to_name(base)), self.file_size, base

@@ -18,21 +18,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.checkpoint import Checkpoint
-from tidemq.storage.clock import now_ms
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.consume_queue import ENTRY_SIZE
 from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
 from tidemq.storage.errors import CorruptStoreError
-from tidemq.storage.index_file import IndexService
 from tidemq.storage.index_rebuild import HelperIndexSink
+from tidemq.storage.index_service import IndexService
 from tidemq.storage.record import END_OF_FILE, OK, RecordInfo, check_record
+from tidemq.storage.truncation import EvidenceWriter, rewind_indexes, truncate_log
 
 log = logging.getLogger(__name__)
 
@@ -55,33 +53,6 @@ class RecoveryReport:
     cut_reason: str | None
     evidence_files: list[str]
     seconds: float
-
-
-class EvidenceWriter:
-    """Saves bytes removed from the store, with a JSON note of why, under ``{root}/evidence/``."""
-
-    def __init__(self, root_dir: str, kind: str, reason: str) -> None:
-        self.directory = os.path.join(root_dir, "evidence")
-        self.kind = kind
-        self.reason = reason
-        self.paths: list[str] = []
-        self.total = 0
-
-    def __call__(self, offset: int, data: bytes) -> None:
-        os.makedirs(self.directory, exist_ok=True)
-        stem = os.path.join(self.directory, f"{self.kind}-{offset:020d}-{now_ms()}")
-        with open(stem + ".bin", "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        note = {"kind": self.kind, "offset": offset, "length": len(data), "reason": self.reason}
-        with open(stem + ".json", "w") as f:
-            json.dump(note, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_dir(self.directory)
-        self.paths.append(stem + ".bin")
-        self.total += len(data)
 
 
 def _valid_record_at(cl: CommitLog, offset: int) -> bool:
@@ -226,11 +197,7 @@ def recover(
         else:
             cut_reason = f"torn tail after the last valid record ({reason})"
     evidence = EvidenceWriter(root_dir, "commitlog", cut_reason or "data past the end")
-    cl.mfq.truncate(end, evidence)
-    cl.mfq.set_positions(end)
-    cl.trusted_end = end
-    dispatcher.error = None
-    dispatcher.stopped_at = None
+    truncate_log(cl, queues, index, dispatcher, end, evidence, exact=False)
     if evidence.total:
         log.warning(
             "cut %d bytes at CommitLog offset %d (%s); kept in %s",
@@ -288,11 +255,7 @@ def _dispatch_pass(
     until the data ends. Returns the records dispatched, or -1 when a gap shows that queue
     entries before ``start`` are missing."""
     cut = max(start, cl.min_offset)
-    for cq in queues.all():
-        cq.truncate_phy(cut)
-    if index is not None:
-        index.trim_to(cut)
-    cl.topic_queue_table = {key: cq.max_offset for key, cq in queues.queues.items()}
+    rewind_indexes(cl, queues, index, cut)
     cl.trusted_end = cut
     dispatcher.offset = cut
     dispatcher.error = None

@@ -95,8 +95,8 @@ class AutomaticFailover:
     # -- hooks the agent calls ----------------------------------------------------------------
 
     def position(self) -> tuple[int, int]:
-        self.epochs.truncate_before(self.store.commitlog.min_offset)
-        return self.epochs.last_epoch, self.store.commitlog.max_offset
+        self.epochs.truncate_before(self.store.log.min_offset)
+        return self.epochs.last_epoch, self.store.log.max_offset
 
     async def take_over(self, state: GroupState, sent_ms: int, gone_seen_ms: int) -> None:
         await self._stop_following()
@@ -107,7 +107,7 @@ class AutomaticFailover:
         if cut:
             log.warning("taking over: cut %d bytes of a half-received record", cut)
         self._restore_topics()
-        start = store.commitlog.max_offset
+        start = store.log.max_offset
         await asyncio.to_thread(self.epochs.append, state.epoch, start)
         self._epoch_start = start
         self.master.begin_mastership(state.epoch, self.epochs, state.isr, self.slave.confirm_offset)
@@ -224,7 +224,7 @@ class AutomaticFailover:
         paused = monotonic_ms()
         self.role.paused = True
         try:
-            end = self.store.commitlog.max_offset
+            end = self.store.log.max_offset
             if not await self._caught_up(target, end):
                 raise _refused(
                     f"broker {target} did not catch up to {end} within "

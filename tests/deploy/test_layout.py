@@ -133,7 +133,7 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
     assert {n.split("/")[0] for n in names if not n.startswith("tidemq-")} == {"tidemq"}
     # The linked folders arrive as ordinary files under tidemq/, the .proto sources with them.
     for member in (
-        "tidemq/storage/record.py",
+        "tidemq/storage/record/__init__.py",
         "tidemq/services/broker/server.py",
         "tidemq/replication/master.py",
         "tidemq/protos/broker.proto",

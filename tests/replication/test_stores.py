@@ -38,16 +38,16 @@ def put(store: MessageStore, prefix: str, n: int) -> None:
 
 def replicate(master: MessageStore, slave: MessageStore) -> Accept:
     """One link, run until the slave holds everything the master has."""
-    cl = slave.commitlog
+    cl = slave.log
     hs = Handshake(
         Identity("c", "b", 1),
         FILE,
-        not cl.mfq.files,
+        not cl.file_base_offsets(),
         cl.min_offset,
         cl.max_offset,
         slave_probes(cl),
     )
-    decision = decide_handshake(Identity("c", "b", 0), FILE, hs, CommitLogView(master.commitlog))
+    decision = decide_handshake(Identity("c", "b", 0), FILE, hs, CommitLogView(master.log))
     assert isinstance(decision, Accept), decision
     session = SlaveSession(FILE, 5000, 20000, now_ms=0)
     cut = session.on_accepted(
@@ -55,7 +55,7 @@ def replicate(master: MessageStore, slave: MessageStore) -> Accept:
         decision.truncate,
         decision.reason,
         decision.master_max_offset,
-        not cl.mfq.files,
+        not cl.file_base_offsets(),
         cl.max_offset,
         0,
     )
@@ -63,7 +63,7 @@ def replicate(master: MessageStore, slave: MessageStore) -> Accept:
         slave.truncate_to(cut.offset, cut.reason)
     tracker = MasterTracker(CFG, FILE)
     link = tracker.connect(1, decision, 0).link_id
-    while isinstance(a := tracker.next_action(link, master.commitlog.max_offset, 0), Send):
+    while isinstance(a := tracker.next_action(link, master.log.max_offset, 0), Send):
         data = master.read_raw(a.offset, a.length)
         tracker.on_sent(link, a.offset, len(data), 0)
         session.on_chunk(a.offset, len(data), 0)
@@ -73,14 +73,14 @@ def replicate(master: MessageStore, slave: MessageStore) -> Accept:
 
 
 def commitlog_bytes(store: MessageStore) -> bytes:
-    cl = store.commitlog
-    return b"".join(cl.read_raw(f.base_offset, FILE) for f in cl.mfq.files)
+    cl = store.log
+    return b"".join(cl.read_raw(base, FILE) for base in cl.file_base_offsets())
 
 
 def assert_same(master: MessageStore, slave: MessageStore) -> None:
-    assert slave.commitlog.max_offset == master.commitlog.max_offset
+    assert slave.log.max_offset == master.log.max_offset
     assert commitlog_bytes(slave) == commitlog_bytes(master)
-    end = master.commitlog.max_offset
+    end = master.log.max_offset
     # Dispatch runs on each store's own thread: both must have published everything.
     assert master.wait_dispatched(end, 30)
     assert slave.wait_dispatched(end, 30)
@@ -95,10 +95,10 @@ def assert_same(master: MessageStore, slave: MessageStore) -> None:
 def test_empty_slave_gets_every_file_then_continues(tmp_path: Path) -> None:
     with open_store(tmp_path / "m") as master, open_store(tmp_path / "s") as slave:
         put(master, "a", 300)
-        assert len(master.commitlog.mfq.files) > 5
+        assert len(master.log.file_base_offsets()) > 5
         assert replicate(master, slave).start_offset == 0
         assert_same(master, slave)
-        before = slave.commitlog.max_offset
+        before = slave.log.max_offset
         put(master, "b", 50)
         d = replicate(master, slave)
         assert (d.truncate, d.start_offset) == (False, before)
@@ -109,7 +109,7 @@ def test_diverged_tail_is_cut_kept_as_evidence_and_replaced(tmp_path: Path) -> N
     with open_store(tmp_path / "m") as master, open_store(tmp_path / "s") as slave:
         put(master, "common", 120)
         replicate(master, slave)
-        common = master.commitlog.max_offset
+        common = master.log.max_offset
         put(master, "master-only", 80)
         put(slave, "slave-only", 60)  # the slave acted as a master for a while
         d = replicate(master, slave)

@@ -42,7 +42,7 @@ def die(what: str) -> None:
 def arm(failpoint: str, after: int, rng: random.Random) -> None:
     # Typed as Any: the failpoints replace module functions and a method on purpose.
     commitlog: Any = importlib.import_module("tidemq.storage.commitlog")
-    evidence_writer: Any = importlib.import_module("tidemq.storage.recovery").EvidenceWriter
+    evidence_writer: Any = importlib.import_module("tidemq.storage.truncation").EvidenceWriter
     left = after
     if failpoint == "evidence-kill":
 

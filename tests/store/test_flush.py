@@ -135,7 +135,7 @@ def test_store_sync_flush_with_64_concurrent_writers(tmp_path: Path) -> None:
 def test_sync_flush_readers_see_only_flushed_records(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "s", flush_mode=FlushMode.SYNC)
     with MessageStore(cfg) as s:
-        with s._flush_lock:  # the flusher cannot finish while we hold this
+        with s._parts.flush_lock:  # the flusher cannot finish while we hold this
             r = s.put_messages([Message("t", b"not yet durable")])
             s.dispatch_now()
             assert s.max_offset("t", 0) == 0  # ReputMessageServiceTest: not past flushedWhere

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tidemq.storage.errors import CorruptStoreError
-from tidemq.storage.index_file import IndexFile, IndexService, index_file_size
+from tidemq.storage.index_file import IndexFile, index_file_size
+from tidemq.storage.index_service import IndexService
 
 pytestmark = pytest.mark.store
 
@@ -448,6 +449,7 @@ def test_load_removes_leftover_tmp(tmp_path: Path) -> None:
 CHILD = """
 import os, signal, sys
 import tidemq.storage.index_file as m
+from tidemq.storage.index_service import IndexService
 
 class KillAfter:
     def __init__(self, inner, calls):
@@ -481,7 +483,7 @@ elif stage == "slot":
 elif stage == "header_body":
     # The header is written once per message (three keys).
     kill_after_stores(max(1, at // 3), {"header_body"})
-svc = m.IndexService(directory, SLOTS, ENTRIES)
+svc = IndexService(directory, SLOTS, ENTRIES)
 svc.load()
 T = 1_700_000_000_123
 for i in range(n):

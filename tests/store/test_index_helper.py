@@ -24,8 +24,8 @@ from tidemq.storage import dispatch
 from tidemq.storage.check import check_store
 from tidemq.storage.config import StoreConfig
 from tidemq.storage.errors import ConfigError, StoreLockedError
-from tidemq.storage.index_file import IndexService
 from tidemq.storage.index_rebuild import IndexRebuildWorker
+from tidemq.storage.index_service import IndexService
 from tidemq.storage.lock import StoreLock
 from tidemq.storage.store import MessageStore
 

@@ -84,7 +84,7 @@ def test_disk_ratio_thresholds(tmp_path: Path) -> None:
 def test_undispatched_files_are_never_deleted(tmp_path: Path) -> None:
     cfg = tiny_config(tmp_path / "s")
     with MessageStore(cfg, disk_usage_ratio=lambda: 0.88) as s:
-        with s._dispatch_lock:  # hold dispatch back, as if it lagged
+        with s.dispatch_held():  # hold dispatch back, as if it lagged
             s.put_messages([Message("t", b"y" * 500) for _ in range(30)])
             assert s.run_retention() == 0
         assert s.wait_dispatched(s.commitlog.max_offset, 10)

@@ -25,16 +25,17 @@ step = st.one_of(
 def simulate_kill(store: MessageStore) -> None:
     """Leave the files as SIGKILL would: no final flush, checkpoint or abort-file removal (the
     page cache survives a killed process). The real-process version is in test_crash.py."""
-    assert store._flusher is not None
-    store._stop.set()
-    store._wake_dispatch()
-    for t in store._threads:
+    lifecycle = store._lifecycle
+    assert lifecycle.flusher is not None
+    lifecycle.stop_event.set()
+    lifecycle.wake_dispatch()
+    for t in lifecycle.threads:
         t.join()
-    store._flusher._stopping = True
-    with store._flusher._cond:
-        store._flusher._cond.notify_all()
-    store._close_files()
-    store._lock.release()
+    lifecycle.flusher._stopping = True
+    with lifecycle.flusher._cond:
+        lifecycle.flusher._cond.notify_all()
+    store._parts.close_files()
+    lifecycle.lock.release()
 
 
 @settings(

@@ -5,13 +5,14 @@ import time
 import pytest
 
 from tests.store.conftest import StoreFactory
-from tidemq.storage import AppendResult, Message, MessageStore, PutStatus
+from tidemq.storage import AppendResult, FlushMode, Message, MessageStore, PutStatus
 from tidemq.storage.errors import (
     InvalidQueueIdError,
     InvalidTopicError,
     MessageNotFoundError,
     OffsetBeyondMaxError,
 )
+from tidemq.storage.record import OK
 
 pytestmark = pytest.mark.store
 
@@ -103,3 +104,26 @@ def test_batch_results_and_queue_offsets_per_queue(open_store: StoreFactory) -> 
     assert [x.queue_offset for x in r.results] == [0, 0, 1, 0, 2]
     offsets = [x.phy_offset for x in r.results]
     assert offsets == sorted(offsets) and len(set(offsets)) == 5
+
+
+def test_what_code_outside_the_store_reads(open_store: StoreFactory) -> None:
+    """The accessors replication, failover and the benchmark use tell what the parts hold."""
+    s = open_store(flush_mode=FlushMode.SYNC)
+    assert s.log.file_base_offsets() == [] and s.log.max_offset == 0
+    results = fill(s, 40)
+    log = s.log
+    assert log.file_base_offsets() == [f.base_offset for f in s.commitlog.mfq.files]
+    assert len(log.file_base_offsets()) > 1 and log.file_size == 4096
+    assert (log.min_offset, log.max_offset) == (0, s.commitlog.max_offset)
+    assert s.dispatched_offset == log.max_offset
+    assert s.dispatched_store_timestamp_ms == results[-1].store_timestamp_ms
+    assert s.commitlog_flushes >= 1
+    first = log.read_raw(0, 4096)
+    assert int.from_bytes(first[28:36], "big") == 0  # PHYSICALOFFSET of the first record
+    walked = [at for at, status, _ in log.iter_records(0, log.max_offset, 0) if status == OK]
+    assert walked == [r.phy_offset for r in results]
+    with s.dispatch_held():
+        s.put_messages([Message("orders", b"held")]).wait()
+        assert s.dispatched_offset < log.max_offset or s.dispatch_now() == 0
+        s.dispatch_now()
+        assert s.dispatched_offset == log.max_offset

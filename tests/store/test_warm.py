@@ -79,7 +79,7 @@ def test_warming_off_reads_nothing(tmp_path: Path) -> None:
     store = MessageStore(cfg).open()
     try:
         store.put_messages([Message("t", b"x" * 1000)])
-        assert store.warmer is None
+        assert store._lifecycle.warmer is None
         last = store.commitlog.mfq.last_file
         assert last is not None
         assert _cached_fraction(last.path, 8 * MiB, 24 * MiB) < 0.5

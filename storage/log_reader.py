@@ -1,0 +1,46 @@
+"""A read-only view of a store's CommitLog for code outside the store: replication's handshake and
+probes, failover, tools and benchmarks read the log through it and never through the CommitLog,
+its files or its positions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.record import RecordInfo
+
+
+class CommitLogReader:
+    """Safe beside the appending thread, which only ever adds bytes past what this reads."""
+
+    def __init__(self, commitlog: CommitLog) -> None:
+        self._cl = commitlog
+
+    @property
+    def min_offset(self) -> int:
+        """First byte still kept (retention moves it up)."""
+        return self._cl.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        """End of the log: the offset the next byte gets."""
+        return self._cl.max_offset
+
+    @property
+    def file_size(self) -> int:
+        return self._cl.file_size
+
+    def file_base_offsets(self) -> list[int]:
+        """Where each CommitLog file starts, oldest first; empty for a log with no files."""
+        return [f.base_offset for f in self._cl.mfq.files]
+
+    def read_raw(self, offset: int, max_bytes: int) -> bytes:
+        """Raw log bytes from ``offset``, never past the end of its file or of the data."""
+        return self._cl.read_raw(offset, max_bytes)
+
+    def iter_records(
+        self, start: int, end: int, verify_from: int
+    ) -> Iterator[tuple[int, int, RecordInfo | str | None]]:
+        """The records from ``start`` (a record boundary) up to ``end``, as
+        ``CommitLog.iter_records`` walks them; CRCs are checked from ``verify_from`` on."""
+        return self._cl.iter_records(start, end, verify_from)

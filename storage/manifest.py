@@ -1,0 +1,86 @@
+"""The store's two small bookkeeping files.
+
+- ``store.json``: the layout (file sizes, index shape, record CRC) fixed when the store was
+  created; reopening with another is refused rather than misreading every file.
+- ``consumequeue/queues.json``: which ConsumeQueues exist with their offset range, and how far the
+  index reaches, so recovery notices queue or index files that were lost.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage.config import StoreConfig
+from tidemq.storage.dispatch import ConsumeQueueStore
+from tidemq.storage.errors import ConfigError
+from tidemq.storage.index_service import IndexService
+
+LAYOUT_FILE = "store.json"
+MANIFEST_FILE = os.path.join("consumequeue", "queues.json")
+FORMAT_VERSION = 1
+
+
+def check_layout(root: str, config: StoreConfig) -> None:
+    """Record the layout of a new store; refuse one created with another."""
+    path = os.path.join(root, LAYOUT_FILE)
+    want = {
+        "format_version": FORMAT_VERSION,
+        "commitlog_file_size_bytes": config.commitlog_file_size_bytes,
+        "consume_queue_entries_per_file": config.consume_queue_entries_per_file,
+        "index_slot_num": config.index_slot_num,
+        "index_max_num": config.index_max_num,
+        "record_crc": config.record_crc,
+    }
+    have = read_json_with_fallback(path)
+    if have is None:
+        if os.path.isdir(os.path.join(root, "commitlog")):
+            raise ConfigError(f"{root} holds a CommitLog but no {LAYOUT_FILE}")
+        write_json_atomic(path, want)
+        return
+    diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+    if diff:
+        raise ConfigError(
+            f"store {root} was created with a different layout (stored, configured): {diff}"
+        )
+
+
+class Manifest:
+    """``consumequeue/queues.json`` of one store, rewritten only when what it records changes."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._keys: frozenset[tuple[str, int]] = frozenset()
+        self._index_files = -1
+
+    def read(self) -> tuple[dict[tuple[str, int], tuple[int, int]], int]:
+        """Queues with their (min, max) offsets, and the index's end offset, as last recorded."""
+        raw = read_json_with_fallback(os.path.join(self.root, MANIFEST_FILE)) or {}
+        out: dict[tuple[str, int], tuple[int, int]] = {}
+        for topic, qs in raw.get("queues", {}).items():
+            for qid, (min_q, max_q) in qs.items():
+                out[topic, int(qid)] = (int(min_q), int(max_q))
+        self._keys = frozenset(out)
+        return out, int(raw.get("index_end_phy_offset", -1))
+
+    def write(
+        self, queues: ConsumeQueueStore, index: IndexService | None, *, force: bool = False
+    ) -> None:
+        """Record which queues exist with their offset range, and how far the index reaches, so
+        recovery notices lost files. Rewritten when the set of queues or of index files changes,
+        after retention and truncation, and at shutdown (``force``)."""
+        keys = frozenset(queues.queues)
+        index_files = len(index.files) if index is not None else 0
+        if not force and keys == self._keys and index_files == self._index_files:
+            return
+        table: dict[str, dict[str, list[int]]] = {}
+        for (topic, qid), cq in queues.queues.items():
+            table.setdefault(topic, {})[str(qid)] = [cq.min_offset, cq.max_offset]
+        os.makedirs(os.path.join(self.root, "consumequeue"), exist_ok=True)
+        index_end = index.end_phy_offset if index is not None else -1
+        write_json_atomic(
+            os.path.join(self.root, MANIFEST_FILE),
+            {"queues": table, "index_end_phy_offset": index_end},
+        )
+        self._keys = keys
+        self._index_files = index_files

@@ -1,0 +1,89 @@
+"""The parts of one store and the locks that keep them consistent, shared by the modules
+``MessageStore`` is built from (lifecycle, reads, the retention pass, truncation), with the few
+steps several of them take: flush the CommitLog, dispatch, write the checkpoint and the manifest.
+
+Locks: ``put_lock`` admits one appender at a time (retention and truncation take it too);
+``dispatch_lock`` is held around every dispatch step and by whatever must not interleave with one
+(the checkpoint, retention, truncation); ``flush_lock`` serialises CommitLog flushes.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from tidemq.storage.checkpoint import Checkpoint, write_checkpoint
+from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.config import FlushMode, StoreConfig
+from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.storage.index_service import IndexService
+from tidemq.storage.manifest import Manifest
+
+
+class StoreParts:
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.root = config.root_dir
+        self.commitlog = CommitLog(
+            self.root, config.commitlog_file_size_bytes, config.store_host_packed, config.record_crc
+        )
+        self.queues = ConsumeQueueStore(self.root, config.consume_queue_entries_per_file)
+        self.index: IndexService | None = (
+            IndexService(
+                os.path.join(self.root, "index"), config.index_slot_num, config.index_max_num
+            )
+            if config.message_index_enable
+            else None
+        )
+        self.dispatcher = Dispatcher(self.commitlog, self.queues, self.index)
+        self.manifest = Manifest(self.root)
+        self.put_lock = threading.Lock()
+        # Re-entrant: truncation holds it while writing the checkpoint, which takes it too.
+        self.dispatch_lock = threading.RLock()
+        self.flush_lock = threading.Lock()
+        self.open = False
+        # What stopped the store accepting writes (a failed flush, dispatch or housekeeping).
+        self.fatal: BaseException | None = None
+
+    def flush_commitlog(self, least_pages: int) -> int:
+        with self.flush_lock:
+            return self.commitlog.flush(least_pages)
+
+    def dispatch_end(self) -> int:
+        if self.config.flush_mode is FlushMode.SYNC:
+            return min(self.commitlog.mfq.flushed_offset, self.commitlog.max_offset)
+        return self.commitlog.max_offset
+
+    def dispatch_step(self, max_records: int | None = None) -> int:
+        return self.dispatcher.dispatch(self.dispatch_end(), max_records=max_records)
+
+    def write_checkpoint(self) -> None:
+        """Make everything below the dispatched offset durable, then record that offset."""
+        with self.dispatch_lock:
+            d = self.dispatcher.offset
+            logics_ts = self.dispatcher.last_store_timestamp_ms
+        if self.commitlog.mfq.flushed_offset < d:
+            self.flush_commitlog(0)
+        self.queues.flush()
+        index_ts = 0
+        if self.index is not None:
+            self.index.flush()
+            index_ts = logics_ts
+        cp = Checkpoint(
+            physic_msg_timestamp_ms=self.commitlog.last_store_timestamp_ms,
+            logics_msg_timestamp_ms=logics_ts,
+            index_msg_timestamp_ms=index_ts,
+            master_flushed_offset=self.commitlog.mfq.flushed_offset,
+            recovery_offset=d,
+        )
+        write_checkpoint(self.root, cp)
+
+    def write_manifest(self, *, force: bool = False) -> None:
+        # A store not open (yet, or any more) always writes it: at open and at shutdown.
+        self.manifest.write(self.queues, self.index, force=force or not self.open)
+
+    def close_files(self) -> None:
+        self.commitlog.close()
+        self.queues.close()
+        if self.index is not None:
+            self.index.close()

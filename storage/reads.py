@@ -1,0 +1,158 @@
+"""Reads: messages by queue offset, by CommitLog offset, by message id, by key and by time, and
+the queue offsets a consumer may see. A reader sees a record only once dispatch has published it
+(the dispatched offset), and every record it returns is checked (shape, position, CRCs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tidemq.storage.consume_queue import ConsumeQueue, is_blank
+from tidemq.storage.errors import (
+    CorruptRecordError,
+    MessageNotFoundError,
+    OffsetBelowMinError,
+    OffsetBeyondMaxError,
+)
+from tidemq.storage.javahash import tag_code
+from tidemq.storage.parts import StoreParts
+from tidemq.storage.record import StoredMessage, parse_msg_id
+
+QUERY_MAX_NUM = 64
+
+
+@dataclass
+class GetResult:
+    messages: list[StoredMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class StoreReader:
+    """The read side of one store; holds no state of its own."""
+
+    def __init__(self, parts: StoreParts) -> None:
+        self._queues = parts.queues
+        self._commitlog = parts.commitlog
+        self._dispatcher = parts.dispatcher
+        self._index = parts.index
+        self._store_host = parts.config.store_host_packed
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._queues.get(topic, queue_id)
+        return cq.min_offset if cq is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        cq = self._queues.get(topic, queue_id)
+        return self._visible_max(cq, self._dispatcher.offset) if cq is not None else 0
+
+    @staticmethod
+    def _visible_max(cq: ConsumeQueue, readable: int) -> int:
+        """The queue's max offset, not counting an entry whose record dispatch has not published
+        yet (dispatch writes the entry first; for one queue at most one is in flight)."""
+        hi = cq.max_offset
+        last = cq.get(hi - 1) if hi > cq.min_offset else None
+        if last is not None and last[0] + last[1] > readable and not is_blank(last[0], last[1]):
+            return hi - 1
+        return hi
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 256 * 1024,
+        tags: Sequence[str] | None = None,
+        max_commitlog_offset: int | None = None,
+    ) -> GetResult:
+        """Messages of one queue from ``offset``: at most ``max_count``, and no more than
+        ``max_bytes`` of records unless the first alone is larger. ``tags`` keeps only messages
+        with one of those tags (None or ``*``: all). ``max_commitlog_offset`` hides records
+        that end beyond it (a master's confirm offset): the read stops before them as it stops
+        before records dispatch has not published, so the range checks are unaffected."""
+        cq = self._queues.get(topic, queue_id)
+        if cq is None:
+            if offset > 0:
+                raise OffsetBeyondMaxError(f"queue offset of {topic}/{queue_id}", offset, 0)
+            return GetResult([], 0, 0, 0)
+        readable = self._dispatcher.offset
+        lo, hi = cq.min_offset, self._visible_max(cq, readable)
+        if offset < lo:
+            raise OffsetBelowMinError(f"queue offset of {topic}/{queue_id}", offset, lo)
+        if offset > hi:
+            raise OffsetBeyondMaxError(f"queue offset of {topic}/{queue_id}", offset, hi)
+        wanted = None if not tags or "*" in tags else {tag_code(t) for t in tags}
+        tag_set = set(tags) if wanted is not None and tags else None
+        out: list[StoredMessage] = []
+        total = 0
+        q = offset
+        scan_budget = max(max_count * 16, 256)  # bound the work a selective filter can cause
+        visible = readable if max_commitlog_offset is None else min(readable, max_commitlog_offset)
+        while q < hi and len(out) < max_count and scan_budget > 0:
+            entries = cq.read(q, min(max_count * 4, scan_budget))
+            if not entries:
+                break
+            for phy, size, code in entries:
+                scan_budget -= 1
+                if phy + size > visible:
+                    # Dispatch wrote the entry but has not published its offset yet (or it is
+                    # past the confirm offset).
+                    return GetResult(out, q, lo, hi)
+                if wanted is not None and code not in wanted:
+                    q += 1
+                    continue
+                if out and total + size > max_bytes:
+                    return GetResult(out, q, lo, hi)
+                msg = self._commitlog.read(phy, size, readable)
+                q += 1
+                if tag_set is not None and msg.tags not in tag_set:
+                    continue  # a tag-hash collision
+                out.append(msg)
+                total += size
+                if len(out) >= max_count:
+                    break
+        return GetResult(out, q, lo, hi)
+
+    def look_message(self, phy_offset: int) -> StoredMessage:
+        if phy_offset >= self._dispatcher.offset:
+            raise MessageNotFoundError(f"no whole record at CommitLog offset {phy_offset}")
+        return self._commitlog.read(phy_offset, None, self._dispatcher.offset)
+
+    def get_message_by_id(self, msg_id: str) -> StoredMessage:
+        host, phy = parse_msg_id(msg_id)
+        if host != self._store_host:
+            raise MessageNotFoundError(f"message id {msg_id} belongs to another store host")
+        try:
+            return self.look_message(phy)
+        except CorruptRecordError as e:
+            raise MessageNotFoundError(f"message id {msg_id}: {e.reason}") from e
+
+    def query_by_key(
+        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1, max_num: int = 32
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` carrying ``key`` (KEYS or UNIQ_KEY) stored within the range."""
+        if self._index is None:
+            return []
+        max_num = min(max_num, QUERY_MAX_NUM)
+        out: list[StoredMessage] = []
+        for phy in self._index.query(topic, key, max_num * 2, begin_ms, end_ms):
+            try:
+                msg = self.look_message(phy)
+            except (OffsetBelowMinError, MessageNotFoundError, CorruptRecordError):
+                continue
+            if msg.topic == topic and (key in msg.keys or msg.properties.get("UNIQ_KEY") == key):
+                out.append(msg)
+                if len(out) >= max_num:
+                    break
+        return out
+
+    def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset whose message was stored at or after ``timestamp_ms``."""
+        cq = self._queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_by_time(
+            timestamp_ms, lambda phy, _size: self._commitlog.store_timestamp(phy)
+        )

@@ -1,0 +1,107 @@
+"""The shapes a record takes on each side of the codec: a ``Message`` a producer hands to the
+store, the ``AppendResult`` saying where it went, the ``StoredMessage`` a reader gets back, and the
+``RecordInfo`` dispatch and recovery read without decoding the body."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from tidemq.storage.record.msg_id import make_msg_id
+from tidemq.storage.record.properties import PROP_KEYS, PROP_TAGS
+
+
+@dataclass(slots=True)
+class Message:
+    """A message as a producer hands it to the store."""
+
+    topic: str
+    body: bytes
+    queue_id: int = 0
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_timestamp_ms: int = 0
+    born_host: tuple[bytes, int] = (b"\x7f\x00\x00\x01", 0)
+    sys_flag: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+
+class AppendResult(NamedTuple):
+    """Where one appended message went. A NamedTuple: one is built per message under the put
+    lock, and a frozen dataclass costs four times as much to construct."""
+
+    phy_offset: int
+    size: int
+    queue_offset: int
+    store_timestamp_ms: int
+    store_host: tuple[bytes, int]
+
+    @property
+    def msg_id(self) -> str:
+        """The offset message id; built on demand, outside the append lock."""
+        return make_msg_id(self.store_host, self.phy_offset)
+
+
+class EncodedBatch(NamedTuple):
+    """A batch encoded for its place in the log, not yet written anywhere."""
+
+    # (offset, records, fills_file): whole records back to back, or (fills_file, no bytes) the
+    # place of a blank marker that ends its file. In log order; each span lies inside one file.
+    spans: list[tuple[int, bytes, bool]]
+    results: list[AppendResult]
+    end: int  # the log's end after the batch
+    queue_offsets: dict[tuple[str, int], int]  # next queue offset of every queue the batch used
+
+
+class StoredMessage(NamedTuple):
+    """A record decoded for a reader. A NamedTuple, not a frozen dataclass: readers build one
+    per message, and a frozen dataclass costs four times as much to construct."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    body: bytes
+    body_crc: int
+    flag: int
+    sys_flag: int
+    born_timestamp_ms: int
+    born_host: tuple[bytes, int]
+    store_timestamp_ms: int
+    store_host: tuple[bytes, int]
+    reconsume_times: int
+    prepared_transaction_offset: int
+    properties: dict[str, str]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROP_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return [k for k in self.properties.get(PROP_KEYS, "").split(" ") if k]
+
+    @property
+    def msg_id(self) -> str:
+        return make_msg_id(self.store_host, self.phy_offset)
+
+
+@dataclass(slots=True)
+class RecordInfo:
+    """What dispatch and recovery need from one record, read without decoding the body."""
+
+    size: int
+    topic: str
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    sys_flag: int
+    store_timestamp_ms: int
+    tags: bytes | None
+    keys: bytes | None
+    uniq_key: bytes | None
