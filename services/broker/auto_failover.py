@@ -23,7 +23,8 @@ import grpc
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.election import GroupState, ReplicaView
 from tidemq.replication.epochs import EpochFile
-from tidemq.replication.transport import ReplicationServicer, SlaveClient
+from tidemq.replication.master_link import ReplicationServicer
+from tidemq.replication.slave_link import SlaveClient
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.failover import FailoverAgent, FailoverSettings

@@ -11,7 +11,8 @@ import grpc
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication import Identity, Refusal, RefusalKind
-from tidemq.replication.transport import REFUSAL_STATUS, ReplicationServicer, SlaveClient
+from tidemq.replication.master_link import REFUSAL_STATUS, ReplicationServicer
+from tidemq.replication.slave_link import SlaveClient
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.errors import ServiceError, abort_with

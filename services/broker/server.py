@@ -20,7 +20,7 @@ from tidemq.protos import (
     nameserver_pb2_grpc,
     replication_pb2_grpc,
 )
-from tidemq.replication.transport import SlaveClient
+from tidemq.replication.slave_link import SlaveClient
 from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig, BrokerRole

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2_grpc
-from tidemq.replication.transport import ReplicationServicer
+from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.groups import SubscriptionGroupManager

@@ -15,7 +15,8 @@ from tidemq.replication.election import (
     isr_after,
     should_elect_self,
 )
-from tidemq.replication.master import Accept, MasterTracker
+from tidemq.replication.handshake import Accept
+from tidemq.replication.master import MasterTracker
 
 
 def state(epoch: int, master: int, *isr: int, preferred: int | None = None) -> GroupState:

@@ -14,8 +14,9 @@ from tidemq.replication import (
     RefusalKind,
     ReplicationConfig,
 )
+from tidemq.replication.handshake import Handshake, decide_handshake
 from tidemq.replication.log import Probe
-from tidemq.replication.master import Drop, Handshake, Send, SendHeartbeat, Wait, decide_handshake
+from tidemq.replication.master import Drop, Send, SendHeartbeat, Wait
 
 pytestmark = pytest.mark.unit
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tidemq.replication import Accept, Identity, MasterTracker, ReplicationConfig, SlaveSession
+from tidemq.replication.handshake import Handshake, decide_handshake
 from tidemq.replication.log import CommitLogView, slave_probes
-from tidemq.replication.master import Handshake, Send, decide_handshake
+from tidemq.replication.master import Send
 from tidemq.storage import Message, MessageStore, StoreConfig
 
 pytestmark = pytest.mark.store

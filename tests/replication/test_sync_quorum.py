@@ -7,7 +7,8 @@ import pytest
 
 from tidemq.replication.acks import GroupAck, quorum_offset
 from tidemq.replication.config import ReplicationConfig
-from tidemq.replication.master import Accept, MasterTracker
+from tidemq.replication.handshake import Accept
+from tidemq.replication.master import MasterTracker
 
 FILE = 1 << 20
 

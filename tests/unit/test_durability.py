@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from tidemq.protos import broker_pb2, common_pb2
-from tidemq.replication.transport import ReplicationServicer
+from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.convert import SEND_STATUS
 from tidemq.services.broker.durability import send_status, waits_for_slaves

@@ -1,16 +1,14 @@
-"""The thin grpc.aio layer of replication: the master's ``Replication`` servicer and the slave's
-client loop. Decisions live in ``master.py`` and ``slave.py``; this module reads the clock, moves
+"""The master's end of a replication link: the ``Replication`` gRPC service (grpc.aio).
+
+One ``Stream`` call per slave. It reads the slave's Handshake, lets ``handshake.py`` decide
+(accept from an offset, truncate, or refuse), then a reader task applies the slave's reports
+to the tracker while the handler asks the tracker what to do next (send a chunk read with
+``read_raw``, send a heartbeat, wait, drop) and yields it. gRPC's own flow control and the
+tracker's in-flight bound keep a slow slave from piling bytes up in memory. SYNC_MASTER sends
+wait here (``replicate``) until enough in-sync slaves hold them; reports complete the wait.
+
+The decisions live in ``handshake.py`` and ``master.py``; this module reads the clock, moves
 messages (protos/replication.proto) and calls the store.
-
-Master: one ``Stream`` call per slave. A reader task applies the slave's reports to the tracker;
-the handler itself asks the tracker what to do next (send a chunk read with ``read_raw``, send a
-heartbeat, wait, drop) and yields it. gRPC's own flow control and the tracker's in-flight bound
-keep a slow slave from piling bytes up in memory.
-
-Slave: ``SlaveClient.run`` connects to the master's HA address (learnt from registration),
-handshakes, truncates if told to, appends chunks with ``append_raw`` (the store's dispatch thread
-then rebuilds ConsumeQueues and index from them), and reports. A dropped link is reconnected
-with tenacity's exponential backoff.
 """
 
 from __future__ import annotations
@@ -22,40 +20,30 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from tidemq.protos import replication_pb2, replication_pb2_grpc
 from tidemq.replication.acks import GroupAck
-from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig
+from tidemq.replication.config import ReplicationConfig
 from tidemq.replication.epochs import EpochEntry, EpochFile, EpochLog
-from tidemq.replication.log import CommitLogView, Probe, slave_probes
-from tidemq.replication.master import (
+from tidemq.replication.handshake import (
     Accept,
-    Drop,
     Handshake,
     Identity,
-    MasterTracker,
     Refusal,
     RefusalKind,
-    Send,
-    SendHeartbeat,
-    SlaveLag,
     decide_by_epochs,
     decide_handshake,
 )
-from tidemq.replication.slave import ProtocolError, SlaveSession
+from tidemq.replication.log import CommitLogView, Probe
+from tidemq.replication.master import Drop, MasterTracker, Send, SendHeartbeat, SlaveLag
 from tidemq.storage import MessageStore
 from tidemq.storage.clock import monotonic_ms
-from tidemq.storage.errors import OffsetBelowMinError, StoreError
+from tidemq.storage.errors import OffsetBelowMinError
 from tidemq.storage.results import PutStatus
 
 log = logging.getLogger(__name__)
 
 R = replication_pb2
-
-# What a slave accepts in one message: the largest chunk any master may be configured to send
-# (the slave's own chunk_bytes says nothing about its master's) plus framing.
-_MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
 
 REFUSAL_STATUS = {
     RefusalKind.STRANGER: grpc.StatusCode.PERMISSION_DENIED,
@@ -364,272 +352,3 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         except grpc.aio.AioRpcError as e:
             tracker.on_protocol_error(link_id, f"stream failed: {e.code()}")
         wake.set()
-
-
-def _raise_if_cancelling() -> None:
-    """grpc.aio turns the cancellation of a task blocked in a call into the call's own error
-    (CANCELLED): without this the slave would treat its shutdown as a dropped link and reconnect
-    forever."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-class LinkDown(Exception):
-    """The link ended before it proved healthy; the slave reconnects after a backoff."""
-
-
-_EOF = object()
-
-
-class SlaveClient:
-    """The slave's side: keeps one replication link to its master up for as long as it runs."""
-
-    def __init__(
-        self,
-        store: MessageStore,
-        identity: Identity,
-        config: ReplicationConfig,
-        address: str = "",
-    ) -> None:
-        self.store = store
-        self.identity = identity
-        self.config = config
-        self.address = address  # what the master shows in its status and lag reports
-        self.master_address = ""
-        self._address_known = asyncio.Event()
-        self.session: SlaveSession | None = None
-        self.links = 0
-        # Automatic failover: the epoch of the master to follow (a master at an older epoch is
-        # refused), the epoch file chunks extend, and the master's confirm offset as last heard.
-        self.group_epoch = 0
-        self.epochs: EpochFile | None = None
-        self.confirm_offset = 0
-        self._call: Any = None
-        self._relink = asyncio.Event()  # a new master: cut a reconnect backoff short
-
-    def set_master(self, address: str, epoch: int = 0) -> None:
-        """The master's HA address (and, under automatic failover, its epoch), as the registry
-        answered. A new master ends the current link at once: the next one goes to it."""
-        if not address or (address, epoch) == (self.master_address, self.group_epoch):
-            return
-        log.info("replication master is now %s (epoch %d)", address, epoch)
-        self.master_address = address
-        self.group_epoch = max(self.group_epoch, epoch)
-        self._address_known.set()
-        self._relink.set()
-        if self._call is not None:
-            self._call.cancel()
-
-    async def _backoff(self, seconds: float) -> None:
-        """tenacity's sleep between attempts; a new master ends it at once (the backoff was
-        for the old one)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._relink.wait()
-        self._relink.clear()
-
-    async def run(self) -> None:
-        cfg = self.config
-        await self._address_known.wait()
-        while True:
-            retrying = AsyncRetrying(
-                retry=retry_if_exception_type(LinkDown),
-                wait=wait_exponential(
-                    multiplier=cfg.reconnect_min_ms / 1000,
-                    min=cfg.reconnect_min_ms / 1000,
-                    max=cfg.reconnect_max_ms / 1000,
-                ),
-                before_sleep=self._log_retry,
-                sleep=self._backoff,
-            )
-            # A link that was healthy for a while and then ended starts a fresh backoff.
-            await retrying(self._link)
-
-    @staticmethod
-    def _log_retry(state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        wait = state.next_action.sleep if state.next_action is not None else 0.0
-        log.warning("replication link down (%s); reconnecting in %.1f s", exc, wait)
-
-    async def _link(self) -> None:
-        """One link. Returns if it ran healthy for at least a report interval before it ended;
-        raises LinkDown otherwise."""
-        address = self.master_address
-        started = monotonic_ms()
-        try:
-            await self._stream(address)
-        except (
-            grpc.aio.AioRpcError,
-            ProtocolError,
-            StoreError,
-            LinkDown,
-            TimeoutError,
-            asyncio.InvalidStateError,  # the call was cancelled under us: a new master
-        ) as e:
-            _raise_if_cancelling()
-            reason = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.aio.AioRpcError) else e
-            if monotonic_ms() - started < self.config.report_interval_ms or self.session is None:
-                raise LinkDown(f"{address}: {reason}") from e
-            log.warning("replication link to %s ended: %s", address, reason)
-        except Exception as e:  # a bug must not end replication for good: logged, retried
-            _raise_if_cancelling()
-            log.exception("replication link to %s failed unexpectedly", address)
-            raise LinkDown(f"{address}: {e!r}") from e
-        finally:
-            self.session = None
-
-    async def _stream(self, address: str) -> None:
-        cfg = self.config
-        store = self.store
-        cl = store.log
-        options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
-        async with grpc.aio.insecure_channel(address, options=options) as channel:
-            call = self._call = replication_pb2_grpc.ReplicationStub(channel).Stream()
-            inbox: asyncio.Queue[Any] = asyncio.Queue()
-            reader = asyncio.create_task(self._read(call, inbox))
-            try:
-                await self._handshake(call)
-                session = SlaveSession(
-                    cl.file_size, cfg.report_interval_ms, cfg.idle_timeout_ms, monotonic_ms()
-                )
-                first = await self._next(inbox, session)
-                if first is None or first.WhichOneof("kind") != "accepted":
-                    raise ProtocolError("the master did not answer the handshake")
-                a = first.accepted
-                if a.master_epoch < self.group_epoch:
-                    raise LinkDown(
-                        f"{address} serves epoch {a.master_epoch}, older than the group's "
-                        f"{self.group_epoch}"
-                    )
-                cut = session.on_accepted(
-                    a.start_offset,
-                    a.truncate,
-                    a.reason,
-                    a.master_max_offset,
-                    local_empty=not cl.file_base_offsets(),
-                    local_max_offset=cl.max_offset,
-                    now_ms=monotonic_ms(),
-                )
-                if cut is not None:
-                    n = await asyncio.to_thread(
-                        store.truncate_to, cut.offset, f"replication: {cut.reason}"
-                    )
-                    if self.epochs is not None:
-                        self.epochs.truncate_from(cut.offset)
-                    log.warning(
-                        "replication: cut %d bytes back to %d (kept under evidence/): %s",
-                        n,
-                        cut.offset,
-                        cut.reason,
-                    )
-                log.info("replicating from %s at %d: %s", address, a.start_offset, a.reason)
-                self.session = session
-                self.links += 1
-                await self._receive(call, inbox, session)
-            finally:
-                self._call = None
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
-                call.cancel()
-
-    async def _handshake(self, call: Any) -> None:
-        cl = self.store.log
-        probes = await asyncio.to_thread(slave_probes, cl)
-        me = self.identity
-        wire_probes = [R.LogProbe(offset=p.offset, length=p.length, crc32=p.crc32) for p in probes]
-        await call.write(
-            R.SlaveMessage(
-                handshake=R.Handshake(
-                    cluster=me.cluster,
-                    broker_name=me.broker_name,
-                    broker_id=me.broker_id,
-                    commitlog_file_size=cl.file_size,
-                    empty=not cl.file_base_offsets(),
-                    min_offset=cl.min_offset,
-                    max_offset=cl.max_offset,
-                    probes=wire_probes,
-                    address=self.address,
-                    group_epoch=self.group_epoch,
-                    epochs=[
-                        R.EpochEntry(epoch=e.epoch, start_offset=e.start_offset)
-                        for e in (self.epochs.entries if self.epochs is not None else ())
-                    ],
-                )
-            )
-        )
-
-    async def _receive(self, call: Any, inbox: asyncio.Queue[Any], session: SlaveSession) -> None:
-        store = self.store
-        while True:
-            now = monotonic_ms()
-            offset = session.expected_offset
-            assert offset is not None
-            if session.report_due(offset, now):
-                ts = store.dispatched_store_timestamp_ms
-                report = R.Report(max_offset=offset, last_store_timestamp_ms=ts)
-                await call.write(R.SlaveMessage(report=report))
-                session.on_reported(offset, now)
-            m = await self._next(inbox, session)
-            if m is None:
-                continue
-            kind = m.WhichOneof("kind")
-            if kind == "chunk":
-                chunk = m.chunk
-                data = chunk.data
-                session.on_chunk(chunk.offset, len(data), monotonic_ms())
-                self._note_epoch(chunk.epoch, chunk.epoch_start_offset)
-                end = await asyncio.to_thread(store.append_raw, chunk.offset, data)
-                session.on_appended(end)
-                self._note_confirm(chunk.confirm_offset, end)
-            elif kind == "heartbeat":
-                session.on_heartbeat(m.heartbeat.master_max_offset, monotonic_ms())
-                self._note_confirm(m.heartbeat.confirm_offset, store.log.max_offset)
-            else:
-                raise ProtocolError(f"unexpected {kind} on an established link")
-
-    def _note_epoch(self, epoch: int, start_offset: int) -> None:
-        epochs = self.epochs
-        if epochs is None or epoch <= 0 or epoch == epochs.last_epoch:
-            return
-        if epoch < epochs.last_epoch:
-            raise ProtocolError(f"a chunk of epoch {epoch} after epoch {epochs.last_epoch}")
-        try:
-            epochs.append(epoch, start_offset)
-        except ValueError as e:
-            raise ProtocolError(f"chunk epoch header: {e}") from None
-
-    def _note_confirm(self, confirm_offset: int, local_end: int) -> None:
-        self.confirm_offset = max(self.confirm_offset, min(confirm_offset, local_end))
-
-    async def _next(self, inbox: asyncio.Queue[Any], session: SlaveSession) -> Any | None:
-        """The next message, or None when a report falls due first; raises when the link died."""
-        now = monotonic_ms()
-        if session.silent(now):
-            raise LinkDown(f"master silent for {now - session.last_heard_ms} ms")
-        timeout_s = max(0, session.next_deadline_ms() - now) / 1000
-        try:
-            async with asyncio.timeout(timeout_s):
-                m = await inbox.get()
-        except TimeoutError:
-            return None
-        if m is _EOF:
-            raise LinkDown("the master ended the stream")
-        if isinstance(m, BaseException):
-            raise m
-        return m
-
-    @staticmethod
-    async def _read(call: Any, inbox: asyncio.Queue[Any]) -> None:
-        # Its own task: cancelling a pending read would cancel the whole call, so the session
-        # times out on the queue instead.
-        try:
-            while True:
-                m = await call.read()
-                if m is grpc.aio.EOF:
-                    inbox.put_nowait(_EOF)
-                    return
-                inbox.put_nowait(m)
-        except grpc.aio.AioRpcError as e:
-            inbox.put_nowait(e)
