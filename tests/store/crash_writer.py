@@ -3,7 +3,7 @@
 Prints, flushing after each:
   ``R <abnormal 0|1> <cut bytes> <end offset> <pid>``  once the store is open (recovery done);
   ``B <seq>``                                         before each batch is handed to the store;
-  ``A ...`` (see helpers.Ack.line)                     per message, only after the batch's
+  ``A ...`` (see workload.Ack.line)                    per message, only after the batch's
                                                        future said PUT_OK (SYNC: flushed; ASYNC:
                                                        appended to the mapping);
   ``D``                                                when ``--count`` messages are written and
@@ -28,7 +28,7 @@ import signal
 import sys
 from typing import Any
 
-from tests.store import helpers
+from tests.store import workload
 from tidemq.storage import FlushMode, PutStatus
 from tidemq.storage.errors import StoreLockedError
 
@@ -102,7 +102,7 @@ def main() -> int:
     if args.failpoint:
         arm(args.failpoint, args.failpoint_after, random.Random(args.seed + 1))
 
-    cfg = helpers.store_config(
+    cfg = workload.store_config(
         args.store_dir,
         FlushMode(args.flush),
         checkpoint_interval_ms=args.checkpoint_ms,
@@ -110,7 +110,7 @@ def main() -> int:
         truncate_on_corruption=args.truncate_on_corruption,
     )
     try:
-        s = helpers.start_store(cfg)
+        s = workload.start_store(cfg)
     except StoreLockedError as e:
         print(f"L {type(e).__name__}: {e}", flush=True)
         return 4
@@ -126,8 +126,8 @@ def main() -> int:
         if not reopened and 0 <= args.reopen_after <= seq:
             reopened = True
             s.close()
-            s = helpers.start_store(cfg)
-        plan = helpers.plan_batch(rng, args.prefix, seq)
+            s = workload.start_store(cfg)
+        plan = workload.plan_batch(rng, args.prefix, seq)
         if args.count >= 0:
             plan = plan[: args.count - seq]
         out.write(f"B {seq}\n")
@@ -138,7 +138,7 @@ def main() -> int:
             print(f"E {status}", flush=True)
             return 3
         out.write(
-            "".join(helpers.Ack.of(m, res).line() for m, res in zip(plan, r.results, strict=True))
+            "".join(workload.Ack.of(m, res).line() for m, res in zip(plan, r.results, strict=True))
         )
         out.flush()
         seq += len(plan)

@@ -18,22 +18,24 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.helpers import (
+from tests.store.crash_harness import Writer
+from tests.store.raw_log import (
     BODY_AT,
-    FILE_SIZE,
-    Ack,
-    Writer,
-    assert_matches,
     commitlog_files,
     evidence,
     flip_bit,
-    put_batches,
     read_log,
     snapshot_log,
+    zero_log,
+)
+from tests.store.store_checks import verify_exactly
+from tests.store.workload import (
+    FILE_SIZE,
+    Ack,
+    assert_matches,
+    put_batches,
     start_store,
     store_config,
-    verify_exactly,
-    zero_log,
 )
 from tidemq.storage import FlushMode, Message, MessageStore, PutStatus
 from tidemq.storage.check import check_store

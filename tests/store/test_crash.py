@@ -20,19 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.helpers import (
-    FILE_SIZE,
-    Ack,
-    Writer,
-    assert_matches,
-    check_ack_lookups,
-    check_queues_contiguous,
-    ident,
-    read_all,
-    run_cli,
-    start_store,
-    store_config,
-)
+from tests.store.crash_harness import Writer, run_cli
+from tests.store.store_checks import check_ack_lookups, check_queues_contiguous, read_all
+from tests.store.workload import FILE_SIZE, Ack, assert_matches, ident, start_store, store_config
 from tidemq.storage import FlushMode, MessageStore
 from tidemq.storage.check import check_store
 from tidemq.storage.errors import StoreLockedError

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.store.helpers import Ack, put_batches, start_store, store_config, verify_exactly
+from tests.store.store_checks import verify_exactly
+from tests.store.workload import Ack, put_batches, start_store, store_config
 from tidemq.storage import dispatch
 from tidemq.storage.check import check_store
 from tidemq.storage.config import StoreConfig
