@@ -1,24 +1,22 @@
-"""Damaged stores (etcd's repair_test, for the CommitLog, ConsumeQueues, checkpoint and index).
-
-One driver: build a store with tiny files (closed cleanly, or its writer SIGKILLed), let a
-``corrupt`` function damage it and say what must survive, reopen (recovery), then check that
-exactly the survivors are readable every way, that appends continue at the right CommitLog and
-queue offsets, that the offline checker is happy and that a second, clean reopen changes nothing.
+"""Damaged CommitLogs, through the driver in damaged_store.py: a torn last record is cut and kept
+as evidence, zero-filled tails (a clean shutdown's, a power cut's) are cut without any, a flipped
+bit in a middle file is found by the checker and refused by every read (and cut, with evidence,
+when truncate_on_corruption allows), a kill in the middle of a cut loses no cut byte; and reads
+never call a good record that is still being dispatched corrupt.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import shutil
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.store.crash_harness import Writer
+from tests.store.damaged_store import Expect, build, reopen_and_check, repair_case
 from tests.store.raw_log import (
     BODY_AT,
     commitlog_files,
@@ -28,15 +26,7 @@ from tests.store.raw_log import (
     snapshot_log,
     zero_log,
 )
-from tests.store.store_checks import verify_exactly
-from tests.store.workload import (
-    FILE_SIZE,
-    Ack,
-    assert_matches,
-    put_batches,
-    start_store,
-    store_config,
-)
+from tests.store.workload import FILE_SIZE, Ack, assert_matches, start_store, store_config
 from tidemq.storage import FlushMode, Message, MessageStore, PutStatus
 from tidemq.storage.check import check_store
 from tidemq.storage.checkpoint import read_checkpoint
@@ -49,131 +39,6 @@ from tidemq.storage.errors import (
 from tidemq.storage.recovery import RecoveryReport
 
 pytestmark = pytest.mark.store
-
-COUNT = 120  # messages: with bodies up to 600 bytes, 10-20 CommitLog files; the biggest queue
-# spans at least 3 ConsumeQueue files of 16 entries
-
-
-# ----------------------------------------------------------------------------- building stores
-def build_clean(root: Path, seed: int, flush: FlushMode = FlushMode.SYNC) -> list[Ack]:
-    s = start_store(store_config(root, flush))
-    try:
-        return put_batches(s, random.Random(seed), "m", COUNT)
-    finally:
-        s.close()
-
-
-def build_killed(root: Path, seed: int, flush: FlushMode = FlushMode.SYNC) -> list[Ack]:
-    """A writer process appends COUNT messages (closing and reopening halfway, so the checkpoint
-    stands at that point: no periodic checkpoints) and is SIGKILLed holding the store open."""
-    w = Writer(
-        root,
-        "--seed",
-        str(seed),
-        "--flush",
-        flush.value,
-        "--count",
-        str(COUNT),
-        "--hold",
-        "--checkpoint-ms",
-        "3600000",
-        "--reopen-after",
-        str(COUNT // 2),
-        err_path=root.parent / "writer.err",
-    )
-    acks: list[Ack] = []
-    try:
-        w.recovered()
-        while (line := w.readline()) != "D":
-            if line.startswith("A"):
-                acks.append(Ack.parse(line))
-        assert w.kill() == []
-    finally:
-        w.close()
-    assert len(acks) == COUNT
-    assert (root / "abort").exists()
-    return acks
-
-
-def build(root: Path, shutdown: str, seed: int, flush: FlushMode = FlushMode.SYNC) -> list[Ack]:
-    root.parent.mkdir(parents=True, exist_ok=True)
-    return (build_clean if shutdown == "clean" else build_killed)(root, seed, flush)
-
-
-# ----------------------------------------------------------------------------- the driver
-@dataclass
-class Expect:
-    """What recovery must make of the damage."""
-
-    survivors: list[Ack]
-    end: int | None = None  # where the CommitLog must end after recovery
-    check: Callable[[MessageStore, RecoveryReport], None] | None = None  # case-specific
-    config: dict[str, object] = field(default_factory=dict)
-
-
-Corrupt = Callable[[Path, list[Ack]], Expect]
-
-
-def reopen_and_check(
-    root: Path, exp: Expect, abnormal: bool, rng: random.Random, flush: FlushMode
-) -> None:
-    cfg = store_config(root, flush, **exp.config)
-    s = start_store(cfg)
-    try:
-        r = s.recovery
-        assert r is not None
-        assert r.abnormal is abnormal
-        if exp.end is not None:
-            assert r.end_offset == exp.end, f"the log must end at {exp.end} now: {r}"
-            assert s.commitlog.max_offset == exp.end
-        verify_exactly(s, exp.survivors)
-        if exp.check is not None:
-            exp.check(s, r)
-        appended = append_more(s, rng, r.end_offset, exp.survivors)
-    finally:
-        s.close()
-    rep = check_store(str(root))
-    assert rep.ok, rep.problems
-    assert rep.records == len(exp.survivors) + len(appended)
-    # A clean reopen finds nothing more to do and the same contents.
-    s = start_store(cfg)
-    try:
-        assert s.recovery is not None
-        assert not s.recovery.abnormal
-        assert s.recovery.cut_bytes == 0
-        assert not s.recovery.full_redispatch
-        verify_exactly(s, exp.survivors + appended)
-    finally:
-        s.close()
-
-
-def append_more(s: MessageStore, rng: random.Random, end: int, before: list[Ack]) -> list[Ack]:
-    """New appends start where the log now ends and continue every queue without a gap."""
-    more = put_batches(s, rng, "after", 15)
-    first = more[0].phy_offset
-    assert first in (end, end - end % FILE_SIZE + FILE_SIZE), (first, end)
-    counts: dict[tuple[str, int], int] = {}
-    for a in before:
-        counts[a.topic, a.queue_id] = counts.get((a.topic, a.queue_id), 0) + 1
-    for a in more:
-        key = (a.topic, a.queue_id)
-        assert a.queue_offset == counts.get(key, 0), f"{a} after {counts.get(key, 0)} survivors"
-        counts[key] = a.queue_offset + 1
-    verify_exactly(s, before + more)
-    return more
-
-
-def repair_case(
-    tmp_path: Path,
-    shutdown: str,
-    corrupt: Corrupt,
-    seed: int = 1,
-    flush: FlushMode = FlushMode.SYNC,
-) -> None:
-    root = tmp_path / "store"
-    acks = build(root, shutdown, seed, flush)
-    exp = corrupt(root, acks)
-    reopen_and_check(root, exp, shutdown == "kill", random.Random(seed + 1), flush)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -397,107 +262,6 @@ def test_bit_flip_in_a_middle_file(tmp_path: Path, where: str) -> None:
         config={"truncate_on_corruption": True},
     )
     reopen_and_check(root, exp, False, random.Random(15), FlushMode.SYNC)
-
-
-# ----------------------------------------------------------------------------- ConsumeQueues
-@pytest.mark.parametrize(
-    ("shutdown", "what"),
-    [
-        ("clean", "queue-dir"),
-        ("clean", "consumequeue-dir"),
-        ("clean", "last-queue-file"),
-        ("kill", "queue-dir"),
-        ("kill", "consumequeue-dir"),
-        # Beyond the last file: recovery's promise ("if a ConsumeQueue turns out to miss entries
-        # (files deleted), the whole log is re-dispatched") covers any lost file. A lost first
-        # file must not pass for retention (OffsetBelowMinError while the CommitLog still holds
-        # the messages), nor a lost middle one make the store refuse to open.
-        ("clean", "first-queue-file"),
-        ("clean", "middle-queue-file"),
-    ],
-)
-def test_missing_consume_queue_files_are_rebuilt(tmp_path: Path, shutdown: str, what: str) -> None:
-    """Queues are derived data: whatever is lost of them is rebuilt from the CommitLog."""
-
-    def corrupt(root: Path, acks: list[Ack]) -> Expect:
-        sizes: dict[tuple[str, int], int] = {}
-        for a in acks:
-            sizes[a.topic, a.queue_id] = sizes.get((a.topic, a.queue_id), 0) + 1
-        topic, qid = max(sizes, key=lambda k: sizes[k])
-        qdir = root / "consumequeue" / topic / str(qid)
-        qfiles = sorted(qdir.iterdir())
-        if what == "queue-dir":
-            shutil.rmtree(qdir)
-        elif what == "consumequeue-dir":
-            shutil.rmtree(root / "consumequeue")
-        else:
-            assert len(qfiles) >= 3
-            lost = {"first-queue-file": 0, "middle-queue-file": 1, "last-queue-file": -1}[what]
-            qfiles[lost].unlink()
-
-        def check(s: MessageStore, r: RecoveryReport) -> None:
-            assert r.full_redispatch
-            assert r.cut_bytes == 0
-            assert s.max_offset(topic, qid) == sizes[topic, qid]
-
-        return Expect(acks, check=check)
-
-    repair_case(tmp_path, shutdown, corrupt, seed=16)
-
-
-# ----------------------------------------------------------------------------- checkpoint
-@pytest.mark.parametrize("how", ["deleted", "garbled"])
-def test_missing_checkpoint_after_kill_forces_a_full_scan(tmp_path: Path, how: str) -> None:
-    def corrupt(root: Path, acks: list[Ack]) -> Expect:
-        cp = root / "checkpoint"
-        if how == "deleted":
-            cp.unlink()
-        else:
-            raw = bytearray(cp.read_bytes())
-            raw[43] ^= 0xFF  # recovery offset: the CRC no longer matches
-            cp.write_bytes(bytes(raw))
-        assert read_checkpoint(str(root)) is None
-
-        def check(s: MessageStore, r: RecoveryReport) -> None:
-            assert not r.checkpoint_found
-            assert r.scan_from == 0
-            assert r.records_scanned == len(acks)
-            assert r.cut_bytes == 0
-
-        return Expect(acks, end=max(a.end for a in acks), check=check)
-
-    repair_case(tmp_path, "kill", corrupt, seed=17)
-
-
-# ----------------------------------------------------------------------------- index
-def test_missing_index_is_rebuilt_by_a_full_scan(tmp_path: Path) -> None:
-    def corrupt(root: Path, acks: list[Ack]) -> Expect:
-        shutil.rmtree(root / "index")
-        (root / "checkpoint").unlink()
-        return Expect(acks)  # verify_exactly looks every survivor up by key
-
-    repair_case(tmp_path, "clean", corrupt, seed=18)
-
-
-def test_missing_index_after_clean_shutdown_is_rebuilt(tmp_path: Path) -> None:
-    """The manifest records how far the index reached; a shorter index after a restart (files
-    lost) makes recovery re-dispatch the whole CommitLog, so every key is found again."""
-    root = tmp_path / "store"
-    acks = build(root, "clean", seed=19)
-    shutil.rmtree(root / "index")
-    s = start_store(store_config(root))
-    try:
-        assert s.recovery is not None
-        assert s.recovery.full_redispatch
-        for a in acks:
-            assert s.look_message(a.phy_offset).keys == list(a.keys)
-            assert [m.phy_offset for m in s.query_by_key(a.topic, a.key)] == [a.phy_offset]
-        new = put_batches(s, random.Random(20), "after", 10)
-        for a in new:
-            assert [m.phy_offset for m in s.query_by_key(a.topic, a.key)] == [a.phy_offset]
-    finally:
-        s.close()
-    assert check_store(str(root)).ok
 
 
 # ----------------------------------------------------------------------------- kill during a cut
