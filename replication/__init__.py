@@ -7,7 +7,7 @@ know of a CommitLog (and the probes a slave sends to prove where it stands), ``m
 generated ``protos`` only in the transport, never ``services``.
 """
 
-from tidemq.replication.config import ReplicationConfig
+from tidemq.replication.config import ReplicationConfig, SlaveFlush
 from tidemq.replication.handshake import Accept, Identity, Refusal, RefusalKind
 from tidemq.replication.master import MasterTracker
 from tidemq.replication.slave import SlaveSession
@@ -19,5 +19,6 @@ __all__ = [
     "Refusal",
     "RefusalKind",
     "ReplicationConfig",
+    "SlaveFlush",
     "SlaveSession",
 ]

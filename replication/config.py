@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from tidemq.storage.errors import ConfigError
 
 # Slaves accept messages up to this size (plus framing), whatever their own settings say.
 MAX_CHUNK_BYTES = 32 * 1024 * 1024
+
+
+class SlaveFlush(enum.Enum):
+    """When a slave acknowledges replicated bytes (docs/replication.md says what each promises)."""
+
+    # Once appended (in the page cache): survives a kill of the slave process, not power loss.
+    ASYNC = "async"
+    # Once fsynced: with a SYNC_MASTER on sync flush, survives power loss of both machines.
+    SYNC = "sync"
 
 
 @dataclass(frozen=True)
@@ -42,9 +52,20 @@ class ReplicationConfig:
     # Consumers of a master see only what min_insync_replicas in-sync slaves hold, so a failover
     # cannot take back a message a consumer has seen.
     confirm_offset: bool = False
+    # When a slave acknowledges what it received: async (appended) or sync (fsynced). A string
+    # from TOML or a flag is accepted and turned into the enum.
+    slave_flush: SlaveFlush = SlaveFlush.ASYNC
 
     def __post_init__(self) -> None:
-        problems = [
+        problems = []
+        if not isinstance(self.slave_flush, SlaveFlush):
+            try:
+                flush = SlaveFlush(str(self.slave_flush).lower())
+            except ValueError:
+                problems.append(f"slave_flush must be 'async' or 'sync', not {self.slave_flush!r}")
+            else:
+                object.__setattr__(self, "slave_flush", flush)  # frozen: set once, here
+        problems += [
             f"{name} must be > 0"
             for name in (
                 "chunk_bytes",

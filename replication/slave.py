@@ -2,6 +2,10 @@
 when to truncate, when to report and when the link is dead. No sockets, no clock, no store: the
 transport appends and truncates, and passes ``now_ms``.
 
+What a report acknowledges: everything appended, or under sync slave flush only what the transport
+has flushed. Flushes are grouped: one per burst of chunks (none while more wait in the inbox,
+unless the unflushed bytes reach a cap), so a busy link does not pay an fsync per chunk.
+
 The one rule of a chunk: it starts exactly where the slave's log ends. Anything else (a gap, an
 overlap, a chunk before the handshake was answered) ends the link; the next handshake then
 re-establishes where the two logs agree, instead of appending bytes at the wrong place.
@@ -36,6 +40,11 @@ class SlaveSession:
     last_heard_ms: int = 0
     last_report_ms: int = -1
     reported_offset: int = -1
+    # Sync slave flush: reports acknowledge only what is flushed, and a burst of chunks is
+    # flushed once it ends or reaches ``max_unflushed_bytes``.
+    flush_sync: bool = False
+    max_unflushed_bytes: int = 4 * 1024 * 1024
+    flushed_offset: int = 0
 
     def __post_init__(self) -> None:
         # The first report goes out as soon as the handshake is answered (the offset differs);
@@ -99,6 +108,24 @@ class SlaveSession:
     def on_heartbeat(self, master_max_offset: int, now_ms: int) -> None:
         self.last_heard_ms = now_ms
         self.master_max_offset = master_max_offset
+
+    def ack_offset(self) -> int:
+        """The offset a report may acknowledge: the end of the log, or under sync slave flush
+        the part of it known flushed."""
+        end = self.expected_offset or 0
+        return min(end, self.flushed_offset) if self.flush_sync else end
+
+    def flush_due(self, more_waiting: bool) -> bool:
+        """Sync slave flush: whether to flush before the next report. Not while more chunks
+        wait to be appended (they join this flush), unless the unflushed bytes reached the cap."""
+        if not self.flush_sync or self.expected_offset is None:
+            return False
+        unflushed = self.expected_offset - self.flushed_offset
+        return unflushed > 0 and (not more_waiting or unflushed >= self.max_unflushed_bytes)
+
+    def on_flushed(self, flushed_offset: int) -> None:
+        """The log is durable up to ``flushed_offset`` (after a flush, or as the link starts)."""
+        self.flushed_offset = flushed_offset
 
     def report_due(self, local_max_offset: int, now_ms: int) -> bool:
         """After every appended chunk, and at least every report interval."""

@@ -3,7 +3,8 @@
 It connects to the master's HA address (learnt from registration), handshakes with probes of its
 own log (``log.slave_probes``), cuts its log back if the master says so, appends the chunks with
 ``append_raw`` (the store's dispatch thread then rebuilds ConsumeQueues and index from them), and
-reports how far it got. A dropped link is reconnected with tenacity's exponential backoff, cut
+reports how far it got: under ``slave_flush = "sync"`` only as far as it has flushed, one flush
+per burst of chunks. A dropped link is reconnected with tenacity's exponential backoff, cut
 short when the registry names a new master.
 
 The decisions live in ``slave.py``; this module reads the clock, moves messages
@@ -21,7 +22,7 @@ import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from tidemq.protos import replication_pb2, replication_pb2_grpc
-from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig
+from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig, SlaveFlush
 from tidemq.replication.epochs import EpochFile
 from tidemq.replication.handshake import Identity
 from tidemq.replication.log import slave_probes
@@ -164,7 +165,12 @@ class SlaveClient:
             try:
                 await self._handshake(call)
                 session = SlaveSession(
-                    cl.file_size, cfg.report_interval_ms, cfg.idle_timeout_ms, monotonic_ms()
+                    cl.file_size,
+                    cfg.report_interval_ms,
+                    cfg.idle_timeout_ms,
+                    monotonic_ms(),
+                    flush_sync=cfg.slave_flush is SlaveFlush.SYNC,
+                    max_unflushed_bytes=cfg.chunk_bytes,
                 )
                 first = await self._next(inbox, session)
                 if first is None or first.WhichOneof("kind") != "accepted":
@@ -196,6 +202,10 @@ class SlaveClient:
                         cut.offset,
                         cut.reason,
                     )
+                if session.flush_sync:
+                    # What an earlier link appended may not be durable yet: nothing is
+                    # acknowledged until it is.
+                    session.on_flushed(await asyncio.to_thread(store.flush_commitlog))
                 log.info("replicating from %s at %d: %s", address, a.start_offset, a.reason)
                 self.session = session
                 self.links += 1
@@ -236,9 +246,10 @@ class SlaveClient:
     async def _receive(self, call: Any, inbox: asyncio.Queue[Any], session: SlaveSession) -> None:
         store = self.store
         while True:
+            if session.flush_due(more_waiting=not inbox.empty()):
+                session.on_flushed(await asyncio.to_thread(store.flush_commitlog))
             now = monotonic_ms()
-            offset = session.expected_offset
-            assert offset is not None
+            offset = session.ack_offset()
             if session.report_due(offset, now):
                 ts = store.dispatched_store_timestamp_ms
                 report = R.Report(max_offset=offset, last_store_timestamp_ms=ts)

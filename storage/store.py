@@ -179,6 +179,19 @@ class MessageStore:
         self._lifecycle.wake_dispatch()
         return end
 
+    def flush_commitlog(self) -> int:
+        """Make every CommitLog byte appended so far durable now, in the caller's thread; returns
+        the flushed offset (a slave that acknowledges only what it has synced). A failed flush
+        stops the store accepting writes, as one of the flusher thread's does."""
+        p = self._parts
+        try:
+            flushed = p.flush_commitlog(0)
+        except OSError as e:
+            p.fatal = e
+            raise StoreNotWritableError(f"CommitLog flush failed: {e}") from e
+        self._lifecycle.wake_dispatch()  # under sync flush, dispatch waits for the flush
+        return flushed
+
     def truncate_to(self, offset: int, reason: str) -> int:
         """Cut the log back to ``offset`` (a record boundary at or below the end), keeping the cut
         bytes as evidence; ConsumeQueues and index follow. Returns the bytes cut."""

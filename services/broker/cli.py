@@ -88,6 +88,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="log every slave's lag this often (default 60000)",
     )
     p.add_argument(
+        "--ha-slave-flush",
+        dest="replication.slave_flush",
+        choices=["async", "sync"],
+        help="slave: acknowledge replicated bytes once appended (async, default) or fsynced (sync)",
+    )
+    p.add_argument(
         "--confirm-offset",
         dest="replication.confirm_offset",
         action="store_true",

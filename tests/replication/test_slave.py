@@ -90,3 +90,50 @@ def test_silence_and_the_next_deadline() -> None:
     s.on_heartbeat(10, 4000)
     assert not s.silent(23999)
     assert s.silent(24000)
+
+
+def sync_session() -> SlaveSession:
+    s = SlaveSession(
+        FILE,
+        report_interval_ms=5000,
+        idle_timeout_ms=20000,
+        now_ms=0,
+        flush_sync=True,
+        max_unflushed_bytes=300,
+    )
+    s.on_accepted(100, False, "", 2000, local_empty=False, local_max_offset=100, now_ms=0)
+    s.on_flushed(100)
+    return s
+
+
+def test_async_slave_flush_acknowledges_what_is_appended() -> None:
+    s = session()
+    s.on_accepted(100, False, "", 2000, local_empty=False, local_max_offset=100, now_ms=0)
+    s.on_chunk(100, 50, 1)
+    s.on_appended(150)
+    assert not s.flush_due(more_waiting=False)
+    assert s.ack_offset() == 150
+
+
+def test_sync_slave_flush_acknowledges_only_what_is_flushed() -> None:
+    s = sync_session()
+    s.on_chunk(100, 50, 1)
+    s.on_appended(150)
+    assert s.ack_offset() == 100  # appended, not yet durable: not acknowledged
+    assert s.flush_due(more_waiting=False)
+    s.on_flushed(150)
+    assert s.ack_offset() == 150
+    assert not s.flush_due(more_waiting=False)
+
+
+def test_sync_slave_flush_groups_a_burst_of_chunks_up_to_the_cap() -> None:
+    s = sync_session()
+    for start in (100, 150, 200):
+        s.on_chunk(start, 50, 1)
+        s.on_appended(start + 50)
+        assert not s.flush_due(more_waiting=True)  # more chunks waiting join this flush
+    s.on_chunk(250, 200, 1)
+    s.on_appended(450)
+    assert s.flush_due(more_waiting=True)  # 350 unflushed bytes reached the cap of 300
+    s.on_flushed(450)
+    assert s.ack_offset() == 450

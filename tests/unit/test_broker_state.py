@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tidemq.replication import SlaveFlush
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerRole, load
 from tidemq.services.broker.convert import parse_tag_expression
@@ -116,10 +117,18 @@ def test_replication_settings_come_in_their_own_table_with_flags_on_top(tmp_path
     assert cfg.replication.report_interval_ms == 5_000  # the replication default, stated once
 
 
+def test_slave_flush_is_async_by_default_and_sync_from_toml(tmp_path: Path) -> None:
+    assert load(None, {"store_dir": "/s"}).replication.slave_flush is SlaveFlush.ASYNC
+    f = tmp_path / "broker.toml"
+    f.write_text('store_dir = "/s"\n[replication]\nslave_flush = "sync"\n')
+    assert load(str(f), {}).replication.slave_flush is SlaveFlush.SYNC
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
         {"store_dir": "/s", "replication": {"chunk_size": 1}},
+        {"store_dir": "/s", "replication": {"slave_flush": "sometimes"}},
         {"store_dir": "/s", "replication": {"idle_timeout_ms": 1000}},
         {"store_dir": "/s", "ha_chunk_bytes": 1},
         {"store_dir": "/s", "role": "SLAVE", "broker_id": 0},
