@@ -16,6 +16,8 @@
  *   metadata change in the journal transaction an fsync forces. A rename is therefore not durable
  *   at once, nor does it wait for its own directory's fsync. What the model leaves out: the
  *   journal's own commit every few seconds (stricter than ext4: a name no sync followed is lost).
+ * - At start the shim takes the directory as it finds it to be durable: it is what the disk held
+ *   when the process started (after a power loss, what powerloss.py rebuilt from the shadow).
  * - Data belongs to the inode, not the name (key: inode number and birth time), so data synced
  *   under a temporary name survives the rename over the target, and hard links share it.
  *
@@ -71,6 +73,9 @@ struct mapping {
 static struct mapping maps[MAX_MAPS];
 static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static int snapshot_names(int copy_all);
+static void commit_names(int ok);
+
 static void resolve(void) {
     if (real_fsync) return;
     real_fdatasync = dlsym(RTLD_NEXT, "fdatasync");
@@ -98,6 +103,12 @@ __attribute__((constructor)) static void init(void) {
     mkdir(shadow, 0755);
     mkdir(blobs, 0755);
     enabled = 1;
+    /* What the directory holds as the process starts is what its disk held (after a power loss,
+     * what tests/faults/powerloss.py rebuilt): all of it durable. */
+    pthread_mutex_lock(&sync_lock);
+    snapshot_names(1);
+    commit_names(1);
+    pthread_mutex_unlock(&sync_lock);
 }
 
 static int under_watch(const char *path) {
