@@ -128,3 +128,22 @@ def test_slave_beyond_the_master_is_cut_back(tmp_path: Path) -> None:
         d = replicate(master, slave)
         assert d.truncate and "beyond the master's" in d.reason
         assert_same(master, slave)
+
+
+def test_a_sync_flush_slave_reports_only_what_its_store_has_flushed(tmp_path: Path) -> None:
+    master, slave = open_store(tmp_path / "m"), open_store(tmp_path / "s")
+    try:
+        put(master, "m", 20)
+        session = SlaveSession(FILE, 5000, 20000, now_ms=0, flush_sync=True)
+        session.on_accepted(0, False, "", master.log.max_offset, True, 0, 0)
+        data = master.read_raw(0, 1000)
+        session.on_chunk(0, len(data), 0)
+        session.on_appended(slave.append_raw(0, data))
+        assert slave.stats().flushed_offset < len(data)  # in the page cache only
+        assert session.ack_offset() == 0
+        assert session.flush_due(more_waiting=False)
+        session.on_flushed(slave.flush_commitlog())
+        assert session.ack_offset() == len(data) == slave.stats().flushed_offset
+    finally:
+        master.close()
+        slave.close()
