@@ -262,7 +262,9 @@ class Cluster:
 
 def more_sends(cluster: Cluster, probe: Probe, n: int, what: str) -> None:
     before = len(probe.oks)
-    wait_until(lambda: len(probe.oks) > before + n, what, cluster.procs(), timeout_s=120)
+    wait_until(
+        lambda: probe.check() and len(probe.oks) > before + n, what, cluster.procs(), timeout_s=120
+    )
 
 
 def lost_after_failover(cluster: Cluster, probe: Probe, timeout_s: float = 30) -> list[Stored]:
