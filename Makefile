@@ -100,10 +100,12 @@ bench: venv
 
 # Automatic failover under many rounds of faults (kill, freeze, slave loss, ZooKeeper
 # restart), each checked for lost or diverging acknowledged messages; prints how many ran clean.
-SOAK_ROUNDS ?= 40
+# SOAK_MASTER_KILLS of the SOAK_ROUNDS rounds SIGKILL the master under SYNC_MASTER load.
+SOAK_ROUNDS ?= 30
+SOAK_MASTER_KILLS ?= 20
 soak: system-deps venv
-	TIDEMQ_FAULT_ROUNDS=$(SOAK_ROUNDS) $(PY) -m pytest -s \
-		tests/integration/test_fault_loop.py
+	TIDEMQ_FAULT_ROUNDS=$(SOAK_ROUNDS) TIDEMQ_FAULT_MASTER_KILLS=$(SOAK_MASTER_KILLS) \
+		$(PY) -m pytest -s tests/integration/test_fault_loop.py
 
 clean:
 	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache .tools

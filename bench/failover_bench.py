@@ -9,20 +9,26 @@ One ZooKeeper (Debian's package, standalone, tickTime 500 ms), one nameserver on
 at a time through the SDK the whole run and records the time of every SEND_OK and its epoch.
 
 - ``kill``, repeated ``--kills`` times: SIGKILL the master; the failover time is from the kill
-  to the first SEND_OK at a newer epoch. The killed broker is restarted and the next round waits
-  until all three are in sync again.
+  to the first SEND_OK at a newer epoch. Then the loss check: every message acknowledged so far
+  must be readable from the new master at the queue and offset its SEND_OK named, with its body
+  (within 30 s, as the confirm offset catches up); each kill's line reports ``acknowledged`` and
+  ``lost``. The killed broker is restarted and the next round waits until all three are in sync
+  again.
 - ``switchover``, repeated ``--switchovers`` times: ``Admin.switchover`` to another in-sync
   broker; the refused window is the longest gap between two SEND_OKs around the call (what a
   sender saw), beside the master's own ``writes_paused_ms``.
 
 Prints one JSON object per measurement, then a ``summary``: median and max of each, the session
-timeout beside them, and the goals (failover median <= session timeout + 2 s; switchover window
-< 1 s). Every process started is stopped at the end, also on failure.
+timeout beside them, kills that lost nothing, and the goals (failover median <= session timeout
++ 2 s; switchover window < 1 s; no acknowledged message lost). A lost acknowledged message is a
+failure, not a figure: the run says so on stderr and exits 1. Every process started is stopped at
+the end, also on failure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -32,7 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from common import REPO, TIDEMQ, Process, emit, failure, free_port, stop_all, wait_until
@@ -43,30 +49,43 @@ import itertools
 
 import tidemq
 from tests.integration.zookeeper import new_server
+from tests.workers import Worker
 from tidemq.protos import broker_pb2, broker_pb2_grpc
 
 GROUP = "bench-a"
+PROBE_TOPIC = "probe"
 LEASE_MS = 1_000
 
 
-class Probe(threading.Thread):
-    """Sends one message at a time until stopped; every SEND_OK's (time, epoch)."""
+class Stored(NamedTuple):
+    """Where an acknowledged message is, by its SEND_OK, and its body."""
+
+    queue_id: int
+    queue_offset: int
+    body: str
+
+
+class Probe(Worker):
+    """Sends one message at a time until stopped; every SEND_OK's (time, epoch) and where it was
+    stored. Any error but a TidemqError ends it, and the next wait on it fails the run."""
 
     def __init__(self, nameserver: str) -> None:
-        super().__init__(daemon=True)
+        super().__init__(name="probe")
         self.nameserver = nameserver
         self.oks: list[tuple[float, int]] = []
+        self.acked: list[Stored] = []
         self.errors: list[tuple[float, str]] = []
         self.stopping = threading.Event()
         self._lock = threading.Lock()
 
-    def run(self) -> None:
+    def work(self) -> None:
         with tidemq.Producer(self.nameserver, send_timeout_ms=3_000) as producer:
             i = 0
             while not self.stopping.is_set():
                 started = time.monotonic()
+                body = f"m{i}"
                 try:
-                    r = producer.send("probe", f"m{i}")
+                    r = producer.send(PROBE_TOPIC, body)
                 except tidemq.errors.TidemqError as e:
                     with self._lock:
                         self.errors.append(
@@ -78,8 +97,14 @@ class Probe(threading.Thread):
                 if r.ok:
                     with self._lock:
                         self.oks.append((time.monotonic(), r.epoch))
+                        self.acked.append(Stored(r.queue_id, r.queue_offset, body))
+
+    def acknowledged(self) -> list[Stored]:
+        with self._lock:
+            return list(self.acked)
 
     def first_ok_after(self, t: float, epoch_above: int) -> float | None:
+        self.check()
         with self._lock:
             return next((at for at, e in self.oks if at > t and e > epoch_above), None)
 
@@ -165,6 +190,47 @@ class Cluster:
                 .failover
             )
 
+    def acknowledging_master(self) -> int | None:
+        """The live broker that is master and acknowledging, if exactly one is."""
+        found = []
+        for i, b in self.brokers.items():
+            if not b.alive():
+                continue
+            try:
+                f = self.failover_status(i)
+            except grpc.RpcError:
+                continue
+            if f.role != "SLAVE" and f.acknowledging:
+                found.append(i)
+        return found[0] if len(found) == 1 else None
+
+    def stored(self, i: int, topic: str) -> set[Stored]:
+        """Every message of ``topic`` broker ``i`` serves: (queue, queue offset, body)."""
+        out: set[Stored] = set()
+        with grpc.insecure_channel(f"127.0.0.1:{self.ports[i]}") as ch:
+            stub = broker_pb2_grpc.BrokerStub(ch)
+            queues = stub.GetQueueOffsets(broker_pb2.GetQueueOffsetsRequest(topic=topic), timeout=5)
+            for q in queues.queues:
+                offset = q.min_offset
+                while offset < q.max_offset:
+                    r = stub.PullMessage(
+                        broker_pb2.PullMessageRequest(
+                            group="bench-loss-check",
+                            topic=topic,
+                            queue_id=q.queue_id,
+                            offset=offset,
+                            max_messages=1024,
+                        ),
+                        timeout=10,
+                    )
+                    if r.status != broker_pb2.FOUND:
+                        break  # the rest is not readable (yet): counted as missing
+                    out.update(
+                        Stored(m.queue_id, m.queue_offset, m.body.decode()) for m in r.messages
+                    )
+                    offset = r.next_offset
+        return out
+
     def master(self) -> tuple[int, int]:
         """(master id, epoch) once all three agree and all are in sync."""
         found: list[tuple[int, int]] = []
@@ -196,11 +262,32 @@ class Cluster:
 
 def more_sends(cluster: Cluster, probe: Probe, n: int, what: str) -> None:
     before = len(probe.oks)
-    wait_until(lambda: len(probe.oks) > before + n, what, cluster.procs(), timeout_s=120)
+    wait_until(
+        lambda: probe.check() and len(probe.oks) > before + n, what, cluster.procs(), timeout_s=120
+    )
 
 
-def kill_round(cluster: Cluster, probe: Probe, n: int) -> float:
-    """SIGKILL the master; seconds until the first SEND_OK at a newer epoch."""
+def lost_after_failover(cluster: Cluster, probe: Probe, timeout_s: float = 30) -> list[Stored]:
+    """Acknowledged messages the new master does not serve where their SEND_OK said (empty when
+    none is lost). Waits up to ``timeout_s`` for them, since what a slave holds becomes readable
+    on the new master as its confirm offset catches up."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        acked = probe.acknowledged()
+        m = cluster.acknowledging_master()
+        missing = acked
+        if m is not None:
+            with contextlib.suppress(grpc.RpcError):
+                served = cluster.stored(m, PROBE_TOPIC)
+                missing = [a for a in acked if a not in served]
+        if not missing or time.monotonic() > deadline:
+            return missing
+        time.sleep(0.2)
+
+
+def kill_round(cluster: Cluster, probe: Probe, n: int) -> tuple[float, int]:
+    """SIGKILL the master; (seconds until the first SEND_OK at a newer epoch, acknowledged
+    messages the new master lost)."""
     m, epoch = cluster.master()
     more_sends(cluster, probe, 20, "sends before the kill")
     killed_at = time.monotonic()
@@ -218,17 +305,27 @@ def kill_round(cluster: Cluster, probe: Probe, n: int) -> float:
     seconds = took - killed_at
     failed = [f"+{at - killed_at:.2f}s {what}" for at, what in probe.errors if at > killed_at - 5]
     failed = failed[:10] + ([f"... {len(failed) - 10} more"] if len(failed) > 10 else [])
+    lost = lost_after_failover(cluster, probe)
     emit(
         {
             "bench": "failover.kill",
             "round": n,
             "killed": m,
             "seconds": round(seconds, 3),
+            "acknowledged": len(probe.acknowledged()),
+            "lost": len(lost),
+            "lost_examples": [list(a) for a in lost[:5]],
             "failed_sends": failed,
         }
     )
+    if lost:
+        print(
+            f"failover benchmark: kill {n} of broker {m} lost {len(lost)} acknowledged "
+            f"messages, e.g. {lost[:5]}",
+            file=sys.stderr,
+        )
     cluster.start(m)
-    return seconds
+    return seconds, len(lost)
 
 
 def switch_round(
@@ -264,6 +361,7 @@ def main() -> int:
     cluster = Cluster(work, args.session_ms)
     probe: Probe | None = None
     failovers: list[float] = []
+    losses: list[int] = []  # acknowledged messages lost, per kill
     windows: list[float] = []
     paused: list[float] = []
     try:
@@ -271,7 +369,10 @@ def main() -> int:
         probe = Probe(cluster.ns_address)
         probe.start()
         more_sends(cluster, probe, 20, "the probe's first sends")
-        failovers = [kill_round(cluster, probe, n) for n in range(args.kills)]
+        for n in range(args.kills):
+            seconds, lost = kill_round(cluster, probe, n)
+            failovers.append(seconds)
+            losses.append(lost)
         with tidemq.Admin(cluster.ns_address) as admin:
             for n in range(args.switchovers):
                 window, pause = switch_round(cluster, probe, admin, n)
@@ -282,7 +383,7 @@ def main() -> int:
     finally:
         if probe is not None:
             probe.stopping.set()
-            probe.join(30)
+            probe.finish(30)
         cluster.stop()
         if args.keep:
             print(f"logs kept in {work}", file=sys.stderr)
@@ -300,6 +401,8 @@ def main() -> int:
             "kills": len(failovers),
             "median": round(statistics.median(failovers), 3),
             "max": round(max(failovers), 3),
+            "clean_kills": sum(1 for lost in losses if lost == 0),
+            "lost_acknowledged": sum(losses),
         }
     if windows:
         summary["switchover_refused_window_s"] = {
@@ -312,8 +415,16 @@ def main() -> int:
         "failover_median_le_session_plus_2s": bool(failovers)
         and statistics.median(failovers) <= session_s + 2,
         "switchover_window_lt_1s": bool(windows) and max(windows) < 1.0,
+        "no_acknowledged_message_lost": not any(losses),
     }
     emit(summary)
+    if any(losses):
+        print(
+            f"failover benchmark: FAILED, {sum(losses)} acknowledged messages lost in "
+            f"{sum(1 for lost in losses if lost)} of {len(losses)} kills",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemq.storage import Message, MessageStore, StoreConfig
+from tidemq.storage import Message, MessageStore, PutStatus, StoreConfig
 
 FILE_SIZE = 16 * 1024
 TOPICS = (("orders", 3), ("audit-log", 2))
@@ -54,7 +54,7 @@ def write_segments(root: Path, messages: int = 300) -> tuple[Path, list[Appended
     with MessageStore(cfg, disk_usage_ratio=lambda: 0.0) as store:
         for msg in planned:
             put = store.put_messages([msg])
-            put.wait()
+            assert put.wait(30) is PutStatus.PUT_OK
             [a] = put.results
             appended.append(
                 Appended(

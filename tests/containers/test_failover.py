@@ -9,7 +9,9 @@ from typing import Any
 
 from tests.containers.conftest import MakeCluster
 from tests.waiting import wait_until
+from tests.workers import Worker
 from tidemq import SendStatus
+from tidemq.errors import TidemqError
 from tidemq.producer import SendFuture
 from tidemq.testing import TidemqCluster
 
@@ -82,16 +84,22 @@ def test_killed_sync_master_under_load_every_acknowledged_message_is_read_from_t
                 futures.append(future)
                 i += 1
 
-        loader = threading.Thread(target=load, name="load")
+        loader = Worker(load, name="load")
         loader.start()
         try:
-            wait_until(lambda: sum(f.done() for f in futures) >= 500, 60, "500 sends answered")
+            wait_until(
+                lambda: loader.check() and sum(f.done() for f in futures) >= 500,
+                60,
+                "500 sends answered",
+            )
             cluster.kill(cluster.master())
             sent = len(futures)
-            wait_until(lambda: len(futures) >= sent + 100, 30, "sends after the kill")
+            wait_until(
+                lambda: loader.check() and len(futures) >= sent + 100, 30, "sends after the kill"
+            )
         finally:
             stop.set()
-            loader.join()
+            loader.finish(60)
         wait_until(lambda: all(f.done() for f in futures), 30, "every send answered")
 
     acked = {
@@ -216,21 +224,21 @@ def test_automatic_failover_survives_a_network_partition_of_the_master(
             while not stop.is_set():
                 try:
                     r = producer.send(TOPIC, f"order {i}".encode())
-                except Exception:  # noqa: BLE001 - refused during the failover: not acknowledged
+                except TidemqError:  # refused during the failover: not acknowledged
                     continue
                 finally:
                     i += 1
                 if r.status is SendStatus.SEND_OK:
                     answers.append((r.msg_id, r.epoch, r.broker_address))
 
-    loader = threading.Thread(target=load, name="load")
+    loader = Worker(load, name="load")
     loader.start()
     try:
-        wait_until(lambda: len(answers) >= 100, 60, "100 acknowledged sends")
+        wait_until(lambda: loader.check() and len(answers) >= 100, 60, "100 acknowledged sends")
         cluster.disconnect(old)
         cut_at = len(answers)
         wait_until(
-            lambda: any(e > answers[0][1] for _, e, _ in answers[cut_at:]),
+            lambda: loader.check() and any(e > answers[0][1] for _, e, _ in answers[cut_at:]),
             60,
             "a SEND_OK from a newer epoch",
         )
@@ -241,10 +249,14 @@ def test_automatic_failover_survives_a_network_partition_of_the_master(
             lambda: role_of(cluster, old.address) == "SLAVE", 60, "the old master to step down"
         )
         more = len(answers)
-        wait_until(lambda: len(answers) >= more + 50, 60, "sends after the old master is back")
+        wait_until(
+            lambda: loader.check() and len(answers) >= more + 50,
+            60,
+            "sends after the old master is back",
+        )
     finally:
         stop.set()
-        loader.join(60)
+        loader.finish(60)
     by_epoch: dict[int, set[str]] = {}
     for _, epoch, address in answers:
         by_epoch.setdefault(epoch, set()).add(address)

@@ -9,6 +9,7 @@ epoch, and when) so a check after the faults can hold the cluster to what it pro
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -29,6 +30,7 @@ from tests.integration.conftest import (
 from tests.integration.replicas import commitlog, max_offset, pull_queue, status, topic_names
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
+from tests.workers import Worker, WorkerFailed, finish_all
 
 SESSION_MS = 2_000
 LEASE_MS = 1_000
@@ -215,8 +217,9 @@ class Producers:
         self._go.set()
         self._busy = 0
         self._busy_lock = threading.Lock()
+        # An unexpected exception in a thread fails the test (at the next wait, or at exit).
         self._threads = [
-            threading.Thread(target=self._run, args=(f"p{i}",), daemon=True) for i in range(n)
+            Worker(functools.partial(self._run, f"p{i}"), name=f"producer-p{i}") for i in range(n)
         ]
         self.errors: list[str] = []
 
@@ -229,7 +232,9 @@ class Producers:
         """Hold every thread before its next send, and wait until none has one in flight."""
         with self._busy_lock:
             self._go.clear()
-        wait_until(lambda: self._busy == 0, 30, "the producers' sends in flight to end")
+        wait_until(
+            lambda: self.healthy() and self._busy == 0, 30, "the producers' sends in flight to end"
+        )
 
     def resume(self) -> None:
         self._go.set()
@@ -237,9 +242,11 @@ class Producers:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._go.set()
-        for t in self._threads:
-            t.join(60)
-        assert not any(t.is_alive() for t in self._threads), "a producer thread hung"
+        finish_all(self._threads)
+
+    def healthy(self) -> bool:
+        """True while every producer thread runs; the first one's exception once one failed."""
+        return all(t.check() for t in self._threads)
 
     def _run(self, key: str) -> None:
         i = 0
@@ -281,10 +288,12 @@ class Producers:
     def wait_acknowledged(self, more_than: int, timeout_s: float = 60) -> None:
         try:
             wait_until(
-                lambda: len(self.history.acknowledged()) > more_than,
+                lambda: self.healthy() and len(self.history.acknowledged()) > more_than,
                 timeout_s,
                 f"more than {more_than} acknowledged sends",
             )
+        except WorkerFailed:
+            raise
         except AssertionError as e:
             last = [(a.body, a.status) for a in self.history.answers[-5:]]
             raise AssertionError(f"{e}; last answers {last}; errors {self.errors[-3:]}") from None

@@ -3,12 +3,13 @@ real nameserver, on 1 MiB CommitLog files so every test crosses several of them.
 
 from __future__ import annotations
 
-import threading
+import functools
 from collections.abc import Callable
 from typing import Any
 
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.waiting import wait_until
+from tests.workers import Worker
 from tidemq.protos import broker_pb2, common_pb2
 
 ONE_MIB_FILES = (
@@ -168,11 +169,14 @@ def while_streaming(
 ) -> None:
     """Send ``count`` messages in batches and ``act`` once the slave has passed its first file;
     returns when every batch was sent."""
-    sender = threading.Thread(target=send_batches, args=(master, "live", count))
+    sender = Worker(functools.partial(send_batches, master, "live", count), name="sender")
     sender.start()
     try:
-        wait_until(lambda: max_offset(slave) > 1 << 20, 60, "the slave to pass its first file")
+        wait_until(
+            lambda: sender.check() and max_offset(slave) > 1 << 20,
+            60,
+            "the slave to pass its first file",
+        )
         act()
     finally:
-        sender.join(120)
-    assert not sender.is_alive()
+        sender.finish(120)

@@ -3,14 +3,16 @@ nameserver, its store on disk."""
 
 import subprocess
 import sys
-import threading
 import time
+import urllib.request
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
+from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.waiting import wait_until
+from tests.workers import Worker
 from tidemq.protos import broker_pb2, common_pb2, nameserver_pb2
 from tidemq.protos.errors import detail_from_metadata
 
@@ -89,14 +91,25 @@ def test_route_send_and_pull(nameserver: NameServerProcess, start_broker: StartB
     assert pull_all(b, "orders", 2, 100) == bodies
 
 
+def parked_pulls(metrics: str) -> float:
+    """Pulls waiting at the head of their queue right now, as the broker's /metrics says."""
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return next(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "tidemq_pull_long_poll_waiting"
+    )
+
+
 def test_long_polling_wakes_on_arrival(start_broker: StartBroker) -> None:
-    b = start_broker()
+    metrics = f"127.0.0.1:{free_port()}"
+    b = start_broker("--metrics-listen", metrics)
     create_topic(b, "events", queues=1)
     answer: list[broker_pb2.PullMessageResponse] = []
-    started = threading.Event()
 
     def poll() -> None:
-        started.set()
         answer.append(
             b.stub().PullMessage(
                 broker_pb2.PullMessageRequest(
@@ -106,15 +119,19 @@ def test_long_polling_wakes_on_arrival(start_broker: StartBroker) -> None:
             )
         )
 
-    t = threading.Thread(target=poll)
-    t.start()
-    started.wait(5)
+    poller = Worker(poll, name="poll")
+    poller.start()
+    # Only a pull already parked at the head of the queue proves the wake-up: sent earlier, the
+    # message would simply be found by the pull's first look.
+    wait_until(lambda: poller.check() and parked_pulls(metrics) == 1, 20, "the pull to park")
+    assert not answer, "the pull answered before any message arrived"
     sent_at = time.monotonic()
     send(b, "events", [b"wake up"])
-    t.join(30)
-    assert answer and answer[0].status == broker_pb2.FOUND
+    poller.finish(30)
+    assert answer[0].status == broker_pb2.FOUND
     assert [m.body for m in answer[0].messages] == [b"wake up"]
     assert time.monotonic() - sent_at < 10  # woken by the arrival, not by the 20 s timeout
+    assert parked_pulls(metrics) == 0
 
 
 def test_restart_keeps_messages_offsets_and_topics(start_broker: StartBroker) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import threading
 import time
 import urllib.request
 
+import grpc
 import pytest
 
 import tidemq
@@ -31,6 +33,7 @@ from tests.integration.replicas import (
     wait_in_sync,
 )
 from tests.waiting import wait_until
+from tests.workers import Worker, finish_all
 from tidemq.protos import broker_pb2
 
 pytestmark = pytest.mark.integration
@@ -62,6 +65,7 @@ def test_every_send_ok_survives_a_sigkill_of_the_master(
     wait_in_sync(master)
     acked: list[tuple[int, int, bytes]] = []  # (queue, queue offset, body) of each SEND_OK
     stop = threading.Event()
+    killed = threading.Event()
 
     def load(worker: int) -> None:
         n = 0
@@ -69,22 +73,28 @@ def test_every_send_ok_survives_a_sigkill_of_the_master(
             body = f"w{worker}-{n}".encode()
             try:
                 r = send(master, body, queue_id=n % QUEUES)
-            except Exception:  # noqa: BLE001 - the master died under us: the load ends
-                return
+            except grpc.RpcError:
+                if killed.is_set():
+                    return  # the master died under us: the load ends
+                raise  # before the kill, a failed send fails the test
             if r.status == broker_pb2.SEND_OK:
                 acked.append((r.queue_id, r.queue_offset, body))
             n += 1
 
-    workers = [threading.Thread(target=load, args=(w,)) for w in range(4)]
+    workers = [Worker(functools.partial(load, w), name=f"load-{w}") for w in range(4)]
     for w in workers:
         w.start()
     try:
-        wait_until(lambda: len(acked) >= 1500, 120, "1500 acknowledged sends")
+        wait_until(
+            lambda: all(w.check() for w in workers) and len(acked) >= 1500,
+            120,
+            "1500 acknowledged sends",
+        )
+        killed.set()
         master.kill()
     finally:
         stop.set()
-        for w in workers:
-            w.join(60)
+        finish_all(workers)
     on_slave = {(q, o, body) for q in range(QUEUES) for o, body in pull_queue(slave, q)}
     missing = [a for a in acked if a not in on_slave]
     assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost: {missing[:5]}"

@@ -12,7 +12,7 @@ from tidemq.replication import Accept, Identity, MasterTracker, ReplicationConfi
 from tidemq.replication.handshake import Handshake, decide_handshake
 from tidemq.replication.log import CommitLogView, slave_probes
 from tidemq.replication.master import Send
-from tidemq.storage import Message, MessageStore, StoreConfig
+from tidemq.storage import Message, MessageStore, PutStatus, StoreConfig
 
 pytestmark = pytest.mark.store
 
@@ -34,7 +34,8 @@ def open_store(root: Path) -> MessageStore:
 
 def put(store: MessageStore, prefix: str, n: int) -> None:
     for i in range(n):
-        store.put_message(Message("t", f"{prefix}-{i}".encode() * 7, queue_id=i % 2)).wait(5)
+        r = store.put_message(Message("t", f"{prefix}-{i}".encode() * 7, queue_id=i % 2))
+        assert r.wait(5) is PutStatus.PUT_OK
 
 
 def replicate(master: MessageStore, slave: MessageStore) -> Accept:

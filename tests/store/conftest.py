@@ -34,3 +34,27 @@ def open_store(tmp_path: Path) -> Iterator[StoreFactory]:
     yield factory
     for s in opened:
         s.close()
+
+
+CRASH_SUMMARY = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture
+def report_summary(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Print a line now (seen with ``-s``) and again in pytest's closing summary, so a run
+    says how many kills it drove and how many ran clean without ``-s`` too."""
+    lines = request.config.stash.setdefault(CRASH_SUMMARY, [])
+
+    def report(line: str) -> None:
+        print(line)
+        lines.append(line)
+
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = config.stash.get(CRASH_SUMMARY, [])
+    if lines:
+        terminalreporter.section("store crash tests")
+        for line in lines:
+            terminalreporter.write_line(line)

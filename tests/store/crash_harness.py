@@ -65,7 +65,64 @@ class Recovered:
     pid: int
 
 
-class Writer:
+class WriterOutput:
+    """What the tests read of a writer, however it was started: its stdout line by line, its
+    stderr file."""
+
+    reader: LineReader
+    err_path: Path
+
+    @property
+    def pid(self) -> int:
+        raise NotImplementedError
+
+    def _wait(self, timeout_s: float) -> int:
+        """Its exit code (negative: the signal that ended it), waiting up to ``timeout_s``."""
+        raise NotImplementedError
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError):  # it may have killed itself
+            os.killpg(self.pid, signal.SIGKILL)
+
+    def _release(self) -> None:
+        self.reader.close()
+
+    def stderr(self) -> str:
+        return self.err_path.read_text(errors="replace")
+
+    def readline(self, timeout_s: float = 30.0) -> str:
+        line = self.reader.readline(timeout_s)
+        if line is None:
+            rc = self._wait(30)
+            raise AssertionError(f"writer exited ({rc}) early; stderr:\n{self.stderr()}")
+        return line
+
+    def recovered(self) -> Recovered:
+        line = self.readline()
+        f = line.split()
+        assert f[0] == "R", f"expected the recovery line, got {line!r}; stderr:\n{self.stderr()}"
+        return Recovered(f[1] == "1", int(f[2]), int(f[3]), int(f[4]))
+
+    def kill(self, timeout_s: float = 30.0) -> list[str]:
+        """SIGKILL the writer's process group; returns the whole lines it printed before dying
+        that were not read yet (they were acknowledged too)."""
+        self._kill_group()
+        rc = self._wait(timeout_s)
+        assert rc == -signal.SIGKILL, f"writer exited with {rc}, not by SIGKILL:\n{self.stderr()}"
+        rest = list(self.reader.lines(timeout_s))
+        self.close()
+        return rest
+
+    def finish(self, timeout_s: float = 60.0) -> int:
+        rc = self._wait(timeout_s)
+        self.close()
+        return rc
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class Writer(WriterOutput):
     """crash_writer.py in its own session, so SIGKILL of its group leaves nothing behind."""
 
     def __init__(self, store_dir: str | Path, *args: str, err_path: str | Path) -> None:
@@ -89,36 +146,10 @@ class Writer:
 
     def stderr(self) -> str:
         self._err.flush()
-        return self.err_path.read_text(errors="replace")
+        return super().stderr()
 
-    def readline(self, timeout_s: float = 30.0) -> str:
-        line = self.reader.readline(timeout_s)
-        if line is None:
-            rc = self.proc.wait(30)
-            raise AssertionError(f"writer exited ({rc}) early; stderr:\n{self.stderr()}")
-        return line
-
-    def recovered(self) -> Recovered:
-        line = self.readline()
-        f = line.split()
-        assert f[0] == "R", f"expected the recovery line, got {line!r}; stderr:\n{self.stderr()}"
-        return Recovered(f[1] == "1", int(f[2]), int(f[3]), int(f[4]))
-
-    def kill(self, timeout_s: float = 30.0) -> list[str]:
-        """SIGKILL the writer's process group; returns the whole lines it printed before dying
-        that were not read yet (they were acknowledged too)."""
-        with contextlib.suppress(ProcessLookupError):  # it may have killed itself
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        rc = self.proc.wait(timeout_s)
-        assert rc == -signal.SIGKILL, f"writer exited with {rc}, not by SIGKILL:\n{self.stderr()}"
-        rest = list(self.reader.lines(timeout_s))
-        self.close()
-        return rest
-
-    def finish(self, timeout_s: float = 60.0) -> int:
-        rc = self.proc.wait(timeout_s)
-        self.close()
-        return rc
+    def _wait(self, timeout_s: float) -> int:
+        return self.proc.wait(timeout_s)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -129,6 +160,99 @@ class Writer:
             if pipe is not None:
                 pipe.close()
         self._err.close()
+
+
+class ForkServer:
+    """crash_writer.py --serve: one interpreter with the store imported, forking a writer per
+    ``spawn``. A writer then costs a fork instead of a Python start-up and its imports, which
+    is most of a kill cycle; the writer itself runs the same code in its own session."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.work_dir = work_dir
+        self.spawned = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WRITER), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=str(REPO),
+            start_new_session=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.commands = self.proc.stdin
+        self.replies = LineReader(self.proc.stdout)
+        self.current: ForkedWriter | None = None
+
+    def reply(self, timeout_s: float) -> list[str]:
+        line = self.replies.readline(timeout_s)
+        if line is None:
+            raise AssertionError(f"the fork server exited ({self.proc.wait(30)})")
+        return line.split()
+
+    def spawn(self, store_dir: str | Path, *args: str, err_path: str | Path) -> ForkedWriter:
+        assert self.current is None, "one writer at a time"
+        self.spawned += 1
+        fifo = self.work_dir / f"writer-{self.spawned}.out"
+        os.mkfifo(fifo)
+        # Non-blocking, so the open needs no writer yet; the server opens the writing end
+        # before it forks and answers.
+        out_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        argv = [str(fifo), str(err_path), str(store_dir), *args]
+        assert not any(" " in a or "\n" in a for a in argv), argv
+        self.commands.write((" ".join(argv) + "\n").encode())
+        self.commands.flush()
+        tag, pid = self.reply(30)
+        assert tag == "P", (tag, pid)
+        self.current = ForkedWriter(self, int(pid), os.fdopen(out_fd, "rb"), Path(err_path))
+        return self.current
+
+    def reap(self, pid: int, timeout_s: float) -> int:
+        tag, reaped, status = self.reply(timeout_s)
+        assert (tag, int(reaped)) == ("X", pid), (tag, reaped, status)
+        self.current = None
+        return os.waitstatus_to_exitcode(int(status))
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.close()
+        self.commands.close()  # the server's loop ends at end of input
+        try:
+            self.proc.wait(30)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(30)
+            self.replies.close()
+            assert self.proc.stdout is not None
+            self.proc.stdout.close()
+
+
+class ForkedWriter(WriterOutput):
+    """A writer the fork server started; the server reaps it and reports how it ended."""
+
+    def __init__(self, server: ForkServer, pid: int, out: IO[bytes], err_path: Path) -> None:
+        self.server = server
+        self._pid = pid
+        self._out = out
+        self.reader = LineReader(out)
+        self.err_path = err_path
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
+
+    def _wait(self, timeout_s: float) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.reap(self._pid, timeout_s)
+        return self.returncode
+
+    def close(self) -> None:
+        if self.returncode is None:
+            self._kill_group()
+            self._wait(30)
+        self.reader.close()
+        self._out.close()
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,12 @@ Prints, flushing after each:
                                                        ``--hold`` keeps it open until killed;
   ``L <error>`` (exit 4)                               when the store lock is held by another.
 
+``--serve`` makes it a fork server instead: it imports everything once, then per line of stdin
+(``<stdout fifo> <stderr file> <writer arguments...>``) forks a writer in its own session with
+its stdout on the fifo, prints ``P <pid>``, and once that writer is gone ``X <pid> <wait
+status>``. The crash test starts a hundred writers; each then costs a fork, not an interpreter
+start and its imports.
+
 Failpoints (the process SIGKILLs itself, after printing ``K <what> <offset> ...``):
   ``evidence-kill``  when recovery starts writing evidence (after the cut bytes were read);
   ``torn-record``    in the middle of the record write number ``--failpoint-after``: only a random
@@ -21,11 +27,13 @@ Failpoints (the process SIGKILLs itself, after printing ``K <what> <offset> ...`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import random
 import signal
 import sys
+import traceback
 from typing import Any
 
 from tests.store import workload
@@ -85,7 +93,7 @@ def arm(failpoint: str, after: int, rng: random.Random) -> None:
         commitlog.write_blank = after_blank
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("store_dir")
     p.add_argument("--seed", type=int, default=0)
@@ -98,7 +106,7 @@ def main() -> int:
     p.add_argument("--truncate-on-corruption", action="store_true")
     p.add_argument("--failpoint", choices=["evidence-kill", "torn-record", "after-blank"])
     p.add_argument("--failpoint-after", type=int, default=0)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.failpoint:
         arm(args.failpoint, args.failpoint_after, random.Random(args.seed + 1))
 
@@ -150,5 +158,47 @@ def main() -> int:
     return 0
 
 
+def forked_writer(out_path: str, err_path: str, out_fd: int, argv: list[str]) -> None:
+    """In the forked child: a session of its own, stdout on the fifo, stderr to the file, stdin
+    empty; then run the writer and leave without the server's cleanup."""
+    code = 1
+    try:
+        os.setsid()
+        err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        for fd, target in ((null_fd, 0), (out_fd, 1), (err_fd, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own fds
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        code = main(argv)
+    except BaseException:  # noqa: BLE001 - reported on stderr; the exit code says it failed
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def serve() -> int:
+    """The fork server's loop (see the module docstring)."""
+    for line in sys.stdin:
+        out_path, err_path, *argv = line.split()
+        # Opened here, before the fork, so the fifo has its writer before the parent reads "P":
+        # the parent's first read can never see an end of file that only means "not yet".
+        out_fd = os.open(out_path, os.O_WRONLY)
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:
+            forked_writer(out_path, err_path, out_fd, argv)
+        os.close(out_fd)
+        print(f"P {pid}", flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(f"X {pid} {status}", flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main())

@@ -56,7 +56,7 @@ def test_many_rolls_keep_every_message(open_store: StoreFactory, tmp_path: Path)
     bodies = [os.urandom(1 + (i * 37) % 900) for i in range(400)]
     for i in range(0, 400, 7):
         s.put_messages([Message("t", b, queue_id=0) for b in bodies[i : i + 7]])
-    s.wait_dispatched(s.commitlog.max_offset, 10)
+    assert s.wait_dispatched(s.commitlog.max_offset, 10)
     files = sorted(os.listdir(tmp_path / "store" / "commitlog"))
     assert len(files) > 20
     assert [int(n) for n in files] == [i * FILE for i in range(len(files))]
@@ -91,7 +91,7 @@ def test_raw_append_accepts_any_split_and_exposes_only_whole_records(tmp_path: P
         with pytest.raises(TailNotAlignedError):
             slave.put_messages([Message("t", b"local")])  # the tail is mid-record
         slave.append_raw(pos, log[pos:])
-        slave.wait_dispatched(end, 10)
+        assert slave.wait_dispatched(end, 10)
         assert slave.max_offset("t", 0) == 20 and slave.max_offset("t", 1) == 20
         assert [m.queue_offset for m in slave.get_messages("t", 1, 0, 100).messages] == list(
             range(20)

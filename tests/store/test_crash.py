@@ -8,6 +8,17 @@ again on the same store, and the promises a killed store must keep.
   writer produced byte for byte, nothing seen after one crash disappears after a later one, and
   the offline checker (library and CLI) finds nothing wrong.
 - One process per store: the flock names its holder and dies with it.
+
+How many kills (environment variables, read at collection):
+
+- ``TIDEMQ_CRASH_KILLS`` (default 100): writer kills in all, three fifths of them with SYNC
+  flush and the rest with ASYNC flush, each kill followed by a recovery that is checked;
+- ``TIDEMQ_CRASH_SEED`` (default: fixed seeds): vary it to explore other kill moments
+  (``TIDEMQ_CRASH_KILLS=1000 TIDEMQ_CRASH_SEED=$RANDOM pytest tests/store/test_crash.py`` is a
+  soak of the store alone).
+
+Each run prints (with ``-s``, and in pytest's closing summary) how many kills ran clean, the
+seed and the wall time, and fails unless every kill did.
 """
 
 from __future__ import annotations
@@ -15,12 +26,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
-from tests.store.crash_harness import Writer, run_cli
+from tests.store.crash_harness import ForkServer, Writer, WriterOutput, run_cli
 from tests.store.store_checks import check_ack_lookups, check_queues_contiguous, read_all
 from tests.store.workload import FILE_SIZE, Ack, assert_matches, ident, start_store, store_config
 from tidemq.storage import FlushMode, MessageStore
@@ -28,6 +41,13 @@ from tidemq.storage.check import check_store
 from tidemq.storage.errors import StoreLockedError
 
 pytestmark = pytest.mark.store
+
+KILLS = int(os.environ.get("TIDEMQ_CRASH_KILLS", "100"))
+SYNC_KILLS = -(-KILLS * 3 // 5)
+ASYNC_KILLS = KILLS - SYNC_KILLS
+_SEED = os.environ.get("TIDEMQ_CRASH_SEED")
+SYNC_SEED = 20240611 if _SEED is None else int(_SEED)
+ASYNC_SEED = 7 if _SEED is None else int(_SEED) + 1
 
 
 @dataclass
@@ -88,10 +108,10 @@ class Crash:
             assert end_offset % FILE_SIZE == 0, end_offset
 
 
-def run_until_killed(w: Writer, rng: random.Random) -> Crash:
+def run_until_killed(w: WriterOutput, rng: random.Random) -> Crash:
     """Read the writer's lines until a random number of acknowledgements arrived, SIGKILL it at
     a randomly chosen kind of moment, and return every acknowledgement it printed."""
-    target = rng.randint(1, 60)
+    target = rng.randint(1, 30)
     style = rng.choice(["at-ack", "at-batch-start", "after-more-lines"])
     more = rng.randint(1, 8)
     acks: list[Ack] = []
@@ -116,7 +136,7 @@ def run_until_killed(w: Writer, rng: random.Random) -> Crash:
     return Crash(style, acks)
 
 
-def run_until_failpoint(w: Writer, mode: str) -> Crash:
+def run_until_failpoint(w: WriterOutput, mode: str) -> Crash:
     """Read every line of a writer that SIGKILLs itself inside a CommitLog write."""
     crash = Crash(mode, [])
     for line in w.reader.lines(60):
@@ -132,14 +152,31 @@ def run_until_failpoint(w: Writer, mode: str) -> Crash:
     return crash
 
 
+@pytest.fixture
+def fork_server(tmp_path: Path) -> Iterator[ForkServer]:
+    server = ForkServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.mark.parametrize(
     ("flush", "seed", "cycles"),
-    [(FlushMode.SYNC, 20240611, 25), (FlushMode.ASYNC, 7, 15)],
+    [(FlushMode.SYNC, SYNC_SEED, SYNC_KILLS), (FlushMode.ASYNC, ASYNC_SEED, ASYNC_KILLS)],
     ids=["sync", "async"],
 )
 def test_acknowledged_messages_survive_repeated_sigkill(
-    tmp_path: Path, flush: FlushMode, seed: int, cycles: int
+    tmp_path: Path,
+    flush: FlushMode,
+    seed: int,
+    cycles: int,
+    report_summary: Callable[[str], None],
+    fork_server: ForkServer,
 ) -> None:
+    if cycles < 2:
+        pytest.skip(f"TIDEMQ_CRASH_KILLS={KILLS} leaves {cycles} {flush.value} kills")
+    started = time.monotonic()
     root = tmp_path / "store"
     cfg = store_config(root, flush)
     rng = random.Random(seed)
@@ -148,6 +185,8 @@ def test_acknowledged_messages_survive_repeated_sigkill(
     total = 0
     modes: list[str] = []
     cuts = 0
+    unchecked = 0  # kills whose recovery was not checked yet (crash on crash)
+    clean = 0  # kills whose recovery was checked and kept every promise
     for cycle in range(cycles):
         # Mostly SIGKILL from here at a random moment; sometimes a kill from inside a CommitLog
         # write (a torn record, a blank marker with the batch's rest unwritten), since a kill
@@ -166,7 +205,7 @@ def test_acknowledged_messages_survive_repeated_sigkill(
         if mode != "kill":
             after = rng.randint(0, 40) if mode == "torn-record" else rng.randint(0, 3)
             args += ["--failpoint", mode, "--failpoint-after", str(after)]
-        w = Writer(root, *args, err_path=tmp_path / f"writer-{cycle}.err")
+        w = fork_server.spawn(root, *args, err_path=tmp_path / f"writer-{cycle}.err")
         try:
             rec = w.recovered()
             if pending is not None:
@@ -180,6 +219,7 @@ def test_acknowledged_messages_survive_repeated_sigkill(
             w.close()
         model.acks += crash.acks
         modes.append(crash.mode)
+        unchecked += 1
         # The whole acknowledged history, not just this writer's, is past any cut.
         crash.acks = list(model.acks)
 
@@ -209,6 +249,14 @@ def test_acknowledged_messages_survive_repeated_sigkill(
         assert rep.ok, f"cycle {cycle}: {rep.problems}"
         assert rep.clean_shutdown
         assert rep.records == total
+        clean, unchecked = clean + unchecked, 0
+
+    report_summary(
+        f"crash test ({flush.value} flush, seed {seed}): {clean} of {cycles} writer kills ran "
+        f"clean, {len(model.acks)} acknowledged messages kept, "
+        f"{time.monotonic() - started:.1f} s"
+    )
+    assert clean == cycles, f"{cycles - clean} kills were never checked"
 
     # Only worth something if writers really died in every way, with work acknowledged.
     assert len(model.acks) >= cycles
@@ -219,6 +267,11 @@ def test_acknowledged_messages_survive_repeated_sigkill(
     report = json.loads(cli.stdout)
     assert report["ok"]
     assert report["records"] == total
+
+
+@pytest.mark.skipif("TIDEMQ_CRASH_KILLS" in os.environ, reason="TIDEMQ_CRASH_KILLS is set")
+def test_make_test_drives_at_least_100_writer_kills() -> None:
+    assert (SYNC_KILLS, ASYNC_KILLS) == (60, 40)
 
 
 def test_store_lock_refuses_a_second_process_until_the_holder_is_killed(tmp_path: Path) -> None:

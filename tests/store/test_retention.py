@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import tiny_config
-from tidemq.storage import Message, MessageStore
+from tidemq.storage import Message, MessageStore, PutStatus
 from tidemq.storage.errors import DiskFullError, OffsetBelowMinError
 
 pytestmark = pytest.mark.store
@@ -78,7 +78,7 @@ def test_disk_ratio_thresholds(tmp_path: Path) -> None:
         assert e.value.retriable
         usage[0] = 0.60
         s.run_retention()
-        s.put_messages([Message("t", b"accepted again")]).wait()
+        assert s.put_messages([Message("t", b"accepted again")]).wait(30) is PutStatus.PUT_OK
 
 
 def test_undispatched_files_are_never_deleted(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tidemq.storage import Message, MessageStore, StoreConfig
+from tidemq.storage import Message, MessageStore, PutStatus, StoreConfig
 from tidemq.storage.check import check_store
 
 pytestmark = pytest.mark.store
@@ -65,7 +65,7 @@ def test_round_trip(
                     msgs.append(Message("rt", body, queue_id=q, tags=tag, keys=[f"key{n}"]))
                     n += 1
                 r = s.put_messages(msgs)
-                r.wait()
+                assert r.wait(30) is PutStatus.PUT_OK
                 for m, res in zip(msgs, r.results, strict=True):
                     assert res.queue_offset == len(expected[m.queue_id])
                     expected[m.queue_id].append((m.body, m.tags, m.keys[0], res.msg_id))

@@ -123,7 +123,7 @@ def test_what_code_outside_the_store_reads(open_store: StoreFactory) -> None:
     walked = [at for at, status, _ in log.iter_records(0, log.max_offset, 0) if status == OK]
     assert walked == [r.phy_offset for r in results]
     with s.dispatch_held():
-        s.put_messages([Message("orders", b"held")]).wait()
+        assert s.put_messages([Message("orders", b"held")]).wait(30) is PutStatus.PUT_OK
         assert s.dispatched_offset < log.max_offset or s.dispatch_now() == 0
         s.dispatch_now()
         assert s.dispatched_offset == log.max_offset
