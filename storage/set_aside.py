@@ -79,5 +79,5 @@ def restart_empty_at(parts: StoreParts, offset: int, extra: Sequence[str] = ()) 
             fsync_dir(cl.mfq.directory)
         p.write_checkpoint()
         p.write_manifest(force=True)
-    log.warning("store %s set aside under %s; it starts again empty at %d", root, aside, offset)
+    log.info("store %s set aside under %s; it starts again empty at %d", root, aside, offset)
     return aside
