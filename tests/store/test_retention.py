@@ -112,12 +112,19 @@ def test_forced_retention_stops_at_the_replica_floor_until_the_slave_acknowledge
 
 def test_forced_retention_keeps_what_a_group_has_not_read_and_counts_it(tmp_path: Path) -> None:
     committed = [0]
-    with MessageStore(tiny_config(tmp_path / "s"), disk_usage_ratio=lambda: 0.87) as s:
+    usage = [0.87]
+    with MessageStore(tiny_config(tmp_path / "s"), disk_usage_ratio=lambda: usage[0]) as s:
         s.set_retention_floors(consumers=lambda: [("t", 0, committed[0])])
         fill(s, 60)
         assert s.run_retention() == 0  # the group has read nothing
         assert s.retention_counts.held[Held.UNCONSUMED] == 1
         assert s.min_offset("t", 0) == 0
+        usage[0] = 0.92  # the disk fills: writes are refused, the unread files stay
+        assert s.run_retention() == 0
+        with pytest.raises(DiskFullError):
+            s.put_messages([Message("t", b"refused")])
+        assert s.retention_counts.held[Held.UNCONSUMED] == 1  # the same file, counted once
+        usage[0] = 0.87
         committed[0] = 30
         assert s.run_retention() > 0  # files wholly below message 30 go
         lo = s.min_offset("t", 0)
