@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ BY_AGE = {**FILES, "file_reserved_time_hours": 1 / 3600, "delete_when_hours": li
 
 
 def start_master(
-    start_broker: StartBroker, ns: NameServerProcess, store: dict[str, object], *flags: str
+    start_broker: StartBroker, ns: NameServerProcess, store: Mapping[str, object], *flags: str
 ) -> BrokerProcess:
     master = start_broker(
         "--nameserver",
