@@ -157,11 +157,10 @@ class Cleaner:
                 usage * 100,
             )
         if held is None:
-            self._last_held = None
             return
         f, why = held
         if self._last_held == (f.base_offset, why):
-            return
+            return  # passes in between that held nothing (not forced, nothing expired) do not count
         self._last_held = (f.base_offset, why)
         self.counts.held[why] += 1
         if why is Held.UNREPLICATED:
