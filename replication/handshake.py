@@ -2,7 +2,8 @@
 
 A slave says who it is and proves where its log stands (probes of its records, or its epoch
 list under automatic failover); the master accepts it from an offset (cutting the slave back
-first when their logs diverged) or refuses it with a reason. No sockets, no clock.
+first when their logs diverged, or setting its store aside when retention deleted everything it
+would continue from) or refuses it with a reason. No sockets, no clock.
 """
 
 from __future__ import annotations
@@ -62,6 +63,26 @@ class Accept:
     reason: str
     master_min_offset: int
     master_max_offset: int
+    # The slave's log ends below everything the master still holds: it sets its store aside and
+    # starts again empty at ``start_offset`` (on the wire: a start past the slave's end).
+    resync: bool = False
+
+
+def behind_retention(hs: Handshake, lo: int, hi: int) -> Accept | None:
+    """A slave whose log ends below the master's min offset was away while the master's
+    retention deleted what it would continue from: nothing it holds can be checked or continued,
+    so it resynchronises from the master's oldest file."""
+    if hs.empty or hs.max_offset >= lo:
+        return None
+    return Accept(
+        lo,
+        False,
+        f"slave log ends at {hs.max_offset}, below the master's min offset {lo} (deleted by "
+        f"retention): the slave sets its store aside and resynchronises from {lo}",
+        lo,
+        hi,
+        resync=True,
+    )
 
 
 def decide_handshake(
@@ -97,6 +118,9 @@ def decide_handshake(
     if hs.empty:
         # The whole retained history, not only the last file (RocketMQ #3661).
         return accept(lo, f"empty slave: from the master's min offset {lo}")
+    behind = behind_retention(hs, lo, hi)
+    if behind is not None:
+        return behind
     if hs.max_offset == hs.min_offset:
         if hs.min_offset == lo:
             return accept(lo, f"slave log is empty at {lo}, the master's min offset")
@@ -138,6 +162,9 @@ def decide_by_epochs(
     if hs.empty or not hs.epochs or not master_epochs:
         return None
     lo, hi = log.min_offset, log.max_offset
+    behind = behind_retention(hs, lo, hi)
+    if behind is not None:
+        return behind
     point = consistent_point(hs.epochs, hs.max_offset, master_epochs, hi)
     if point is None:
         return None

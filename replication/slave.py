@@ -26,6 +26,15 @@ class TruncateTo:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class ResyncFrom:
+    """The master starts the stream past the local log's end (retention deleted everything in
+    between): set the store aside and start again empty at ``offset``."""
+
+    offset: int
+    reason: str
+
+
 @dataclass
 class SlaveSession:
     """One link's state, from the handshake to its end."""
@@ -61,8 +70,9 @@ class SlaveSession:
         local_empty: bool,
         local_max_offset: int,
         now_ms: int,
-    ) -> TruncateTo | None:
-        """Check the master's answer against the local log; returns the cut to make first."""
+    ) -> TruncateTo | ResyncFrom | None:
+        """Check the master's answer against the local log; returns the cut (or the resync) to
+        make first."""
         if self.expected_offset is not None:
             raise ProtocolError("a second handshake answer on the same link")
         self.last_heard_ms = now_ms
@@ -71,7 +81,7 @@ class SlaveSession:
             raise ProtocolError(
                 f"start {start_offset} outside the master's log [0, {master_max_offset}]"
             )
-        action = None
+        action: TruncateTo | ResyncFrom | None = None
         if truncate:
             if local_empty or start_offset > local_max_offset:
                 raise ProtocolError(
@@ -79,9 +89,12 @@ class SlaveSession:
                     f"{local_max_offset}"
                 )
             action = TruncateTo(start_offset, reason)
-        elif local_empty:
+        elif local_empty or start_offset > local_max_offset:
+            # Past a non-empty log's end: the master's retention deleted what lies between.
             if start_offset % self.file_size:
                 raise ProtocolError(f"an empty log cannot start at {start_offset}, inside a file")
+            if not local_empty:
+                action = ResyncFrom(start_offset, reason)
         elif start_offset != local_max_offset:
             raise ProtocolError(
                 f"told to continue at {start_offset}, but the local log ends at {local_max_offset}"

@@ -23,10 +23,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from tidemq.protos import replication_pb2, replication_pb2_grpc
 from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig, SlaveFlush
-from tidemq.replication.epochs import EpochFile
+from tidemq.replication.epochs import BACKUP_SUFFIX, FILE_NAME, EpochFile
 from tidemq.replication.handshake import Identity
 from tidemq.replication.log import slave_probes
-from tidemq.replication.slave import ProtocolError, SlaveSession
+from tidemq.replication.slave import ProtocolError, ResyncFrom, SlaveSession
 from tidemq.storage import MessageStore
 from tidemq.storage.clock import monotonic_ms
 from tidemq.storage.errors import StoreError
@@ -74,6 +74,7 @@ class SlaveClient:
         self._address_known = asyncio.Event()
         self.session: SlaveSession | None = None
         self.links = 0
+        self.resyncs = 0  # times this slave set its store aside to resynchronise
         # Automatic failover: the epoch of the master to follow (a master at an older epoch is
         # refused), the epoch file chunks extend, and the master's confirm offset as last heard.
         self.group_epoch = 0
@@ -190,7 +191,9 @@ class SlaveClient:
                     local_max_offset=cl.max_offset,
                     now_ms=monotonic_ms(),
                 )
-                if cut is not None:
+                if isinstance(cut, ResyncFrom):
+                    await asyncio.to_thread(self._resync, cut, cl.max_offset)
+                elif cut is not None:
                     n = await asyncio.to_thread(
                         store.truncate_to, cut.offset, f"replication: {cut.reason}"
                     )
@@ -216,6 +219,25 @@ class SlaveClient:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
                 call.cancel()
+
+    def _resync(self, resync: ResyncFrom, local_end: int) -> None:
+        """The master no longer holds anything this log could continue from: set the store (and
+        the epoch file, which describes it) aside and start again empty where the master's log
+        starts. The epoch file goes first: a kill in between leaves a log without epochs, which
+        the next handshake finds behind again."""
+        aside = self.store.restart_empty_at(resync.offset, (FILE_NAME, FILE_NAME + BACKUP_SUFFIX))
+        if self.epochs is not None:
+            self.epochs.truncate_from(0)
+        self.resyncs += 1
+        log.warning(
+            "replication: this slave's log ends at %d, below its master's min offset %d (the "
+            "master's retention deleted what lies between): its store was set aside under %s "
+            "(nothing deleted) and it resynchronises from %d",
+            local_end,
+            resync.offset,
+            aside,
+            resync.offset,
+        )
 
     async def _handshake(self, call: Any) -> None:
         cl = self.store.log

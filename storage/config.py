@@ -72,6 +72,10 @@ class StoreConfig:
     disk_max_used_space_ratio: float = 0.75
     disk_space_clean_forcibly_ratio: float = 0.85
     disk_space_warning_level_ratio: float = 0.90
+    # Forced retention (above disk_space_clean_forcibly_ratio) deletes unexpired files a consumer
+    # group has not read only when True; by default it keeps them and the disk fills until writes
+    # are refused (storage.retention).
+    force_delete_unconsumed: bool = False
     # Recovery: a bad record followed by good ones is corruption, not a torn tail. By default the
     # store refuses to open (an operator decides); True cuts there and keeps the rest as evidence.
     truncate_on_corruption: bool = False

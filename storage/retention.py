@@ -1,8 +1,21 @@
 """Retention decisions (RocketMQ's CleanCommitLogService, spec §6.3) as pure functions: no files,
-no clock, so the rules are tested as a table."""
+no clock, so the rules are tested as a table.
+
+``decide`` says whether a pass runs and whether it is forced (disk usage); ``plan_deletions``
+says which of the oldest CommitLog files go. Two floors hold files back, both CommitLog offsets
+(a file is held when it ends above the floor):
+
+- the **replica floor**, the lowest offset an in-sync slave has acknowledged: no pass, expired or
+  forced, deletes a byte a slave still needs, so a slave's copy never has a hole;
+- the **consumer floor**, the lowest offset a consumer group has not consumed yet: only a forced
+  pass (the disk filling before files expire) looks at it. Expired files go whatever consumers
+  did (RocketMQ's rule); an unexpired file a group has not read goes only under
+  ``force_delete_unconsumed``, otherwise it is kept and the disk fills until writes are refused.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,14 +43,60 @@ def decide(
     return RetentionDecision(delete=delete, force=force, disk_full=disk_full)
 
 
-def expired_file_count(
-    mtimes: Sequence[float], now_s: float, reserved_s: float, *, force: bool, batch_max: int
-) -> int:
-    """How many of the oldest files (oldest first, the caller already left out the newest) to
-    delete: stop at the first one that has not expired, unless forced; at most ``batch_max``."""
+@dataclass(frozen=True, slots=True)
+class FileFacts:
+    """One CommitLog file as retention sees it."""
+
+    base_offset: int
+    end_offset: int
+    mtime_s: float
+
+
+class Held(enum.Enum):
+    """Why a file retention wanted to delete was kept (the metric's ``reason`` label)."""
+
+    UNREPLICATED = "unreplicated"  # an in-sync slave has not acknowledged all of it
+    UNCONSUMED = "unconsumed"  # forced, not expired, and a consumer group has not read it all
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPlan:
+    delete: int  # how many of the oldest files go
+    # Of those, the unexpired ones a consumer group had not read (force_delete_unconsumed).
+    unconsumed: tuple[FileFacts, ...] = ()
+    # The file the pass stopped at because a floor held it, and which floor; None when the pass
+    # stopped for another reason (not expired and not forced, the batch limit, no more files).
+    held: tuple[FileFacts, Held] | None = None
+
+
+def plan_deletions(
+    files: Sequence[FileFacts],
+    now_s: float,
+    reserved_s: float,
+    *,
+    force: bool,
+    batch_max: int,
+    replica_floor: int | None = None,
+    consumer_floor: int | None = None,
+    force_delete_unconsumed: bool = False,
+) -> RetentionPlan:
+    """Which of ``files`` (oldest first; the caller left out the newest and anything not
+    dispatched) to delete. Only a prefix can go: the pass stops at the first file it keeps."""
+    unconsumed: list[FileFacts] = []
     n = 0
-    for mtime in mtimes:
-        if n >= batch_max or (not force and mtime + reserved_s > now_s):
+    for f in files:
+        if n >= batch_max:
             break
+        if replica_floor is not None and f.end_offset > replica_floor:
+            expired = f.mtime_s + reserved_s <= now_s
+            held = (f, Held.UNREPLICATED) if expired or force else None
+            return RetentionPlan(n, tuple(unconsumed), held)
+        if f.mtime_s + reserved_s > now_s:
+            if not force:
+                break
+            if consumer_floor is not None and f.end_offset > consumer_floor:
+                if not force_delete_unconsumed:
+                    return RetentionPlan(n, tuple(unconsumed), (f, Held.UNCONSUMED))
+                unconsumed.append(f)
         n += 1
-    return n
+    return RetentionPlan(n, tuple(unconsumed))

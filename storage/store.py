@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from tidemq.storage.cleaner import Cleaner
+from tidemq.storage.cleaner import Cleaner, QueuePosition, RetentionCounts
 from tidemq.storage.config import FlushMode, StoreConfig
 from tidemq.storage.dispatch import DispatchListener
 from tidemq.storage.errors import (
@@ -33,6 +33,7 @@ from tidemq.storage.reads import GetResult, StoreReader
 from tidemq.storage.record import AppendResult, Message, StoredMessage
 from tidemq.storage.recovery import RecoveryReport
 from tidemq.storage.results import PutStatus
+from tidemq.storage.set_aside import restart_empty_at
 from tidemq.storage.truncation import EvidenceWriter, truncate_log
 
 
@@ -86,6 +87,7 @@ class MessageStore:
         self._lifecycle = StoreLifecycle(parts, self._cleaner)
         self._reader = StoreReader(parts)
         self.recovery: RecoveryReport | None = None
+        self.set_asides = 0  # times ``restart_empty_at`` moved the data aside
 
     # ================================================================= lifecycle
     def open(self) -> MessageStore:
@@ -256,6 +258,32 @@ class MessageStore:
     def run_retention(self, *, now_s: float | None = None, manual: bool = False) -> int:
         """One retention pass (RocketMQ's CleanCommitLogService); returns files deleted."""
         return self._cleaner.run(now_s=now_s, manual=manual)
+
+    def set_retention_floors(
+        self,
+        *,
+        replicas: Callable[[], int | None] | None = None,
+        consumers: Callable[[], Iterable[QueuePosition]] | None = None,
+    ) -> None:
+        """What retention must keep (``retention.py``): ``replicas`` is the CommitLog offset every
+        in-sync slave holds (None: no slave to wait for); ``consumers`` the committed position
+        of every group, as (topic, queue id, next queue offset). Called by retention passes, in
+        the store's housekeeping thread."""
+        self._cleaner.replica_floor = replicas
+        self._cleaner.consumer_positions = consumers
+
+    @property
+    def retention_counts(self) -> RetentionCounts:
+        """Files retention kept for a floor or deleted unconsumed, since the store opened."""
+        return self._cleaner.counts
+
+    def restart_empty_at(self, offset: int, extra: Sequence[str] = ()) -> str:
+        """Move the store's data (and the root-relative ``extra`` names) aside, never deleting
+        it, and continue empty with the log starting at ``offset``; returns where the data went
+        (``set_aside.py``). A slave behind its master's retention resynchronises this way."""
+        aside = restart_empty_at(self._parts, offset, extra)
+        self.set_asides += 1
+        return aside
 
     # ================================================================= reads (see reads.py)
     def min_offset(self, topic: str, queue_id: int) -> int:

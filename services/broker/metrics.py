@@ -23,7 +23,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import start_http_server
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig
@@ -32,6 +32,7 @@ from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.topics import TopicManager
 from tidemq.storage import Message, MessageStore
 from tidemq.storage.clock import now_ms
+from tidemq.storage.retention import Held
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class BrokerMetrics:
         r.register(
             StateCollector(config, store, topics, clients, offsets, groups, replication_status)
         )
+        r.register(RetentionCollector(store))
         # The standard process_* series (CPU, memory, open files), as every exporter has them.
         ProcessCollector(registry=r)
         self._server: WSGIServer | None = None
@@ -274,6 +276,47 @@ class StateCollector:
             fam["lag_bytes"].add_metric(labels, s.lag_bytes)
             fam["lag_seconds"].add_metric(labels, s.lag_seconds)
             fam["slave_in_sync"].add_metric(labels, 1 if s.in_sync else 0)
+
+
+class RetentionCollector:
+    """Counters of what retention did that an operator must know about (files a floor kept, files
+    a forced pass deleted unread) and of slave resyncs, read from the store at scrape time."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def _families(self) -> list[CounterMetricFamily]:
+        return [
+            CounterMetricFamily(
+                "tidemq_retention_files_kept",
+                "CommitLog files retention wanted to delete and kept, each counted once: "
+                "unreplicated (an in-sync slave has not acknowledged it) or unconsumed (a forced "
+                "pass, and a consumer group has not read it)",
+                labels=("reason",),
+            ),
+            CounterMetricFamily(
+                "tidemq_retention_unconsumed_files_deleted",
+                "Unexpired CommitLog files a forced pass deleted although a consumer group had not "
+                "read them (force_delete_unconsumed)",
+            ),
+            CounterMetricFamily(
+                "tidemq_replication_resyncs",
+                "Times this slave set its store aside and resynchronised from its master's oldest "
+                "file (it had fallen behind the master's retention)",
+            ),
+        ]
+
+    def collect(self) -> Iterable[Metric]:
+        kept, deleted, resyncs = self._families()
+        counts = self.store.retention_counts
+        for why in Held:
+            kept.add_metric([why.value], counts.held[why])
+        deleted.add_metric([], counts.unconsumed_deleted)
+        resyncs.add_metric([], self.store.set_asides)
+        return [kept, deleted, resyncs]
 
 
 _STATE_METRICS: dict[str, tuple[str, str, Sequence[str]]] = {

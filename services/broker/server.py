@@ -37,6 +37,7 @@ from tidemq.services.broker.replication import (
     report_lag,
     status_proto,
 )
+from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.topics import TopicManager
@@ -68,6 +69,7 @@ class Broker:
         self.topics = TopicManager(config.store_dir)
         self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
+        wire_retention_floors(self.store, lambda: self.replication, self.offsets)
         self.role = RoleState.for_config(
             config.role, config.broker_id, config.automatic, config.failover_lease_ms
         )

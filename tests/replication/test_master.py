@@ -14,7 +14,8 @@ from tidemq.replication import (
     RefusalKind,
     ReplicationConfig,
 )
-from tidemq.replication.handshake import Handshake, decide_handshake
+from tidemq.replication.epochs import EpochEntry
+from tidemq.replication.handshake import Handshake, decide_by_epochs, decide_handshake
 from tidemq.replication.log import Probe
 from tidemq.replication.master import Drop, Send, SendHeartbeat, Wait
 
@@ -136,10 +137,33 @@ def test_nothing_in_common_from_the_same_start_cuts_everything() -> None:
     assert (d.start_offset, d.truncate) == (0, True)
 
 
-def test_slave_behind_the_retained_history_is_refused_with_the_masters_range() -> None:
+def test_slave_behind_the_retained_history_resynchronises_from_the_masters_min_offset() -> None:
     mine = MASTER_LOG[:300]
     d = decide_handshake(
         MASTER, FILE, hs(mine, probes=(probe(mine, 200, 100),)), MemLog(MASTER_LOG[500:], base=500)
+    )
+    assert isinstance(d, Accept)
+    assert (d.start_offset, d.truncate, d.resync) == (500, False, True)
+    assert (d.master_min_offset, d.master_max_offset) == (500, 1024)
+    assert "below the master's min offset 500" in d.reason
+
+
+def test_slave_behind_resynchronises_under_epochs_too() -> None:
+    slave = Handshake(SLAVE, FILE, False, 0, 300, (), epochs=(EpochEntry(1, 0),))
+    d = decide_by_epochs(
+        slave, (EpochEntry(1, 0), EpochEntry(2, 200)), MemLog(MASTER_LOG[500:], base=500)
+    )
+    assert isinstance(d, Accept)
+    assert (d.start_offset, d.resync) == (500, True)
+
+
+def test_slave_reaching_into_the_retained_history_without_a_common_record_is_refused() -> None:
+    mine = b"z" * 700  # from 0 to 700, the master keeps [500, 1024): no record in common
+    d = decide_handshake(
+        MASTER,
+        FILE,
+        hs(mine, probes=(probe(mine, 600, 100), probe(mine, 0, 100))),
+        MemLog(MASTER_LOG[500:], base=500),
     )
     assert isinstance(d, Refusal)
     assert (d.kind, d.master_min_offset, d.master_max_offset) == (

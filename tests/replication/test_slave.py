@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.replication.slave import ProtocolError, SlaveSession, TruncateTo
+from tidemq.replication.slave import ProtocolError, ResyncFrom, SlaveSession, TruncateTo
 
 pytestmark = pytest.mark.unit
 
@@ -64,6 +64,7 @@ def test_told_to_truncate_cuts_back_first() -> None:
         (800, True, False, 550, "cut back to 800"),
         (0, True, True, 0, "cut back to 0"),
         (1500, False, True, 0, "inside a file"),
+        (1500, False, False, 550, "inside a file"),
         (3000, False, True, 0, "outside the master's log"),
     ],
 )
@@ -79,6 +80,16 @@ def test_an_empty_log_starts_at_any_file_boundary() -> None:
     assert (
         s.on_accepted(2000, False, "", 2500, local_empty=True, local_max_offset=0, now_ms=0) is None
     )
+    s.on_chunk(2000, 500, 1)
+
+
+def test_a_start_past_the_local_end_sets_the_store_aside_and_starts_there() -> None:
+    s = session()
+    action = s.on_accepted(
+        2000, False, "behind", 2500, local_empty=False, local_max_offset=550, now_ms=0
+    )
+    assert action == ResyncFrom(2000, "behind")
+    assert s.expected_offset == 2000
     s.on_chunk(2000, 500, 1)
 
 

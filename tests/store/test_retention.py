@@ -9,6 +9,7 @@ import pytest
 from tests.store.conftest import tiny_config
 from tidemq.storage import Message, MessageStore, PutStatus
 from tidemq.storage.errors import DiskFullError, OffsetBelowMinError
+from tidemq.storage.retention import Held
 
 pytestmark = pytest.mark.store
 
@@ -88,3 +89,58 @@ def test_undispatched_files_are_never_deleted(tmp_path: Path) -> None:
             s.put_messages([Message("t", b"y" * 500) for _ in range(30)])
             assert s.run_retention() == 0
         assert s.wait_dispatched(s.commitlog.max_offset, 10)
+
+
+def test_forced_retention_stops_at_the_replica_floor_until_the_slave_acknowledges(
+    tmp_path: Path,
+) -> None:
+    acked = [0]
+    with MessageStore(tiny_config(tmp_path / "s"), disk_usage_ratio=lambda: 0.87) as s:
+        s.set_retention_floors(replicas=lambda: acked[0])
+        fill(s, 60)
+        files = [f.base_offset for f in s.commitlog.mfq.files]
+        assert len(files) > 4
+        acked[0] = files[2] + 10  # the slave holds the first two files and part of the third
+        assert s.run_retention() == 2
+        assert s.commitlog.min_offset == files[2]
+        assert s.run_retention() == 0  # the third file waits for the slave
+        assert s.retention_counts.held[Held.UNREPLICATED] == 1  # counted once per file
+        acked[0] = s.commitlog.max_offset
+        assert s.run_retention() > 0
+        assert s.commitlog.min_offset > files[2]
+
+
+def test_forced_retention_keeps_what_a_group_has_not_read_and_counts_it(tmp_path: Path) -> None:
+    committed = [0]
+    usage = [0.87]
+    with MessageStore(tiny_config(tmp_path / "s"), disk_usage_ratio=lambda: usage[0]) as s:
+        s.set_retention_floors(consumers=lambda: [("t", 0, committed[0])])
+        fill(s, 60)
+        assert s.run_retention() == 0  # the group has read nothing
+        assert s.retention_counts.held[Held.UNCONSUMED] == 1
+        assert s.min_offset("t", 0) == 0
+        usage[0] = 0.92  # the disk fills: writes are refused, the unread files stay
+        assert s.run_retention() == 0
+        with pytest.raises(DiskFullError):
+            s.put_messages([Message("t", b"refused")])
+        assert s.retention_counts.held[Held.UNCONSUMED] == 1  # the same file, counted once
+        usage[0] = 0.87
+        committed[0] = 30
+        assert s.run_retention() > 0  # files wholly below message 30 go
+        lo = s.min_offset("t", 0)
+        assert 0 < lo <= 30
+        got = s.get_messages("t", 0, lo, max_count=100)
+        assert got.messages[0].queue_offset == lo
+        assert s.retention_counts.unconsumed_deleted == 0
+
+
+def test_force_delete_unconsumed_deletes_unread_files_and_counts_each(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "s", force_delete_unconsumed=True)
+    with MessageStore(cfg, disk_usage_ratio=lambda: 0.87) as s:
+        s.set_retention_floors(consumers=lambda: [("t", 0, 0)])
+        fill(s, 60)
+        n = s.run_retention()
+        assert n > 0
+        assert s.retention_counts.unconsumed_deleted == n
+        assert s.retention_counts.held[Held.UNCONSUMED] == 0
+        assert s.min_offset("t", 0) > 0

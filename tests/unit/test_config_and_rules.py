@@ -4,7 +4,7 @@ import pytest
 
 from tidemq.storage.config import StoreConfig, parse_host
 from tidemq.storage.errors import ConfigError
-from tidemq.storage.retention import decide, expired_file_count
+from tidemq.storage.retention import FileFacts, Held, decide, plan_deletions
 
 pytestmark = pytest.mark.unit
 
@@ -58,8 +58,66 @@ def test_retention_decision_table(
     assert (d.delete, d.force, d.disk_full) == (delete, force, full)
 
 
+def _files(*mtimes: float) -> list[FileFacts]:
+    """Files of 100 bytes each, oldest first, with these modification times."""
+    return [FileFacts(i * 100, i * 100 + 100, m) for i, m in enumerate(mtimes)]
+
+
 def test_expired_files_oldest_first_stop_at_first_unexpired_and_batch_max() -> None:
     now, keep = 1000.0, 100.0
-    assert expired_file_count([100, 200, 950, 300], now, keep, force=False, batch_max=10) == 2
-    assert expired_file_count([100, 200, 950, 300], now, keep, force=True, batch_max=10) == 4
-    assert expired_file_count([1] * 20, now, keep, force=False, batch_max=10) == 10
+    files = _files(100, 200, 950, 300)
+    assert plan_deletions(files, now, keep, force=False, batch_max=10).delete == 2
+    assert plan_deletions(files, now, keep, force=True, batch_max=10).delete == 4
+    assert plan_deletions(_files(*[1] * 20), now, keep, force=False, batch_max=10).delete == 10
+
+
+# Four files [0,100) .. [300,400); the first two expired (mtime 100), the last two not (950).
+NOW, KEEP = 1000.0, 100.0
+FILES = _files(100, 100, 950, 950)
+
+
+@pytest.mark.parametrize(
+    ("force", "replica", "consumer", "delete_unconsumed", "deleted", "held", "unconsumed"),
+    [
+        # Expired files go whatever consumers did; unexpired ones wait unless forced.
+        (False, None, 0, False, 2, None, 0),
+        # Forced and every group read everything: even unexpired files go.
+        (True, None, None, False, 4, None, 0),
+        # Forced, a group has read only up to 250: the file it is reading is kept...
+        (True, None, 250, False, 2, (200, Held.UNCONSUMED), 0),
+        # ... unless deleting unconsumed data is allowed, and then it is counted.
+        (True, None, 250, True, 4, None, 2),
+        # A slave has acknowledged up to 150: its unreplicated file stays, forced or not.
+        (False, 150, None, False, 1, (100, Held.UNREPLICATED), 0),
+        (True, 150, None, True, 1, (100, Held.UNREPLICATED), 0),
+        # The replica floor is checked before the consumers': it cannot be overridden.
+        (True, 250, 0, True, 2, (200, Held.UNREPLICATED), 0),
+        # A slave past everything holds nothing back; a file ending at the floor may go.
+        (True, 300, None, False, 3, (300, Held.UNREPLICATED), 0),
+        (True, 400, None, False, 4, None, 0),
+        # Not forced and not expired: the pass just stops there, nothing is held by a floor.
+        (False, 300, 0, False, 2, None, 0),
+    ],
+)
+def test_retention_plan_floors_table(
+    force: bool,
+    replica: int | None,
+    consumer: int | None,
+    delete_unconsumed: bool,
+    deleted: int,
+    held: tuple[int, Held] | None,
+    unconsumed: int,
+) -> None:
+    plan = plan_deletions(
+        FILES,
+        NOW,
+        KEEP,
+        force=force,
+        batch_max=10,
+        replica_floor=replica,
+        consumer_floor=consumer,
+        force_delete_unconsumed=delete_unconsumed,
+    )
+    assert plan.delete == deleted
+    assert (None if plan.held is None else (plan.held[0].base_offset, plan.held[1])) == held
+    assert len(plan.unconsumed) == unconsumed

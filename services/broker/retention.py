@@ -1,0 +1,34 @@
+"""What the broker tells its store's retention (``tidemq.storage.retention``), which knows nothing
+of slaves or consumer groups: the replica floor, from the master's replication tracker, and every
+group's committed queue offsets, from the OffsetManager. Both are read in the store's
+housekeeping thread at each retention pass."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tidemq.replication.master_link import ReplicationServicer
+from tidemq.replication.retention_floor import replica_floor
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.storage import MessageStore
+from tidemq.storage.cleaner import QueuePosition
+
+
+def wire_retention_floors(
+    store: MessageStore,
+    replication: Callable[[], ReplicationServicer | None],
+    offsets: OffsetManager,
+) -> None:
+    """``replication`` returns the master's Replication service once the broker has one (before
+    the store opens, so no retention pass runs without the floors)."""
+
+    def replicas() -> int | None:
+        master = replication()
+        if master is None or not master.active:
+            return None  # a slave, or a master an election superseded: no slave waits on it
+        return replica_floor(master.tracker, store.log.max_offset, master.confirmed_offset)
+
+    def consumers() -> list[QueuePosition]:
+        return [(o.topic, o.queue_id, o.offset) for o in offsets.entries()]
+
+    store.set_retention_floors(replicas=replicas, consumers=consumers)
