@@ -141,14 +141,19 @@ class StoreLifecycle:
             t.join()
         clean = False
         if p.fatal is None:
-            with p.dispatch_lock:
-                p.dispatch_step()
-            p.queues.flush()
-            if p.index is not None:
-                p.index.flush()
-            p.write_checkpoint()
-            p.write_manifest()
-            clean = p.dispatcher.offset >= p.commitlog.max_offset and not p.dispatcher.error
+            try:
+                with p.dispatch_lock:
+                    p.dispatch_step()
+                p.queues.flush()
+                if p.index is not None:
+                    p.index.flush()
+                p.write_checkpoint()
+                p.write_manifest()
+            except (StoreError, OSError) as e:
+                # A full disk: recovery at the next start dispatches what is missing.
+                log.warning("closing: dispatch or checkpoint did not finish (%s)", e)
+            else:
+                clean = p.dispatcher.offset >= p.commitlog.max_offset and not p.dispatcher.error
         if clean:
             # Only a store with nothing left to dispatch may skip abnormal recovery next time.
             os.unlink(os.path.join(p.root, "abort"))

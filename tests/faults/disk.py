@@ -1,4 +1,5 @@
-"""A failing disk for one process: the ``diskfault`` shim and the file that arms it.
+"""Disks that fail: the ``diskfault`` shim and the file that arms it (EIO on command, for one
+process), and a small tmpfs that really fills up (ENOSPC, root only).
 
 ``DiskFault(control_path)`` gives the environment a child runs with (``env``, or ``below``,
 which puts it in this process's environment for the children started in the block), and arms or
@@ -10,9 +11,13 @@ child's next fdatasync on any file whose path contains that part fail with EIO
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.faults import preload_env
 
@@ -57,3 +62,48 @@ class DiskFault:
         tmp = self.control.with_name(self.control.name + ".tmp")
         tmp.write_text("".join(f"{c} {e} {p}\n" for c, e, p in self.rules))
         os.replace(tmp, self.control)
+
+
+def need_root() -> None:
+    """Skip the calling test unless it may mount file systems."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a disk that really fills up) needs root")
+
+
+@contextlib.contextmanager
+def small_disk(directory: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted at ``directory``: writes past it fail with ENOSPC."""
+    need_root()
+    directory.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(directory)], check=True
+    )
+    try:
+        yield directory
+    finally:
+        # Lazy: a process the test killed may still hold a file open there for a moment.
+        subprocess.run(["umount", "-l", str(directory)], check=True)
+
+
+def fill(directory: Path) -> Path:
+    """Fill the file system holding ``directory`` to the last block; returns the filler file
+    (delete it and the space is back)."""
+    filler = directory / "filler"
+    chunk = bytes(64 << 10)
+    with filler.open("wb", buffering=0) as f:
+        while True:
+            try:
+                f.write(chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                break
+    # The last partial chunk: byte by byte is too slow, halve until nothing fits.
+    size = len(chunk) // 2
+    with filler.open("ab", buffering=0) as f:
+        while size:
+            try:
+                f.write(bytes(size))
+            except OSError:
+                size //= 2
+    return filler

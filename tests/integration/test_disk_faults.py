@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 import tidemq
-from tests.faults.disk import DiskFault
+from tests.faults.disk import DiskFault, fill, small_disk
 from tests.integration.conftest import (
     BrokerProcess,
     NameServerProcess,
@@ -45,6 +46,13 @@ def flush_fails(fault: DiskFault, b: BrokerProcess) -> None:
     commitlog = b.store_dir / "commitlog"
     fault.arm("fdatasync", "EIO", commitlog)
     fault.arm("msync", "EIO", commitlog)
+
+
+def typed(e: grpc.RpcError) -> Any:
+    """The typed ErrorDetail the broker attached to a refusal (it always attaches one)."""
+    detail = detail_from_metadata(e.trailing_metadata())
+    assert detail is not None, f"an untyped refusal: {e}"
+    return detail
 
 
 def write_masters(ns: NameServerProcess, topic: str) -> set[str]:
@@ -83,7 +91,7 @@ def test_a_master_whose_disk_fails_a_flush_answers_retriably_steps_aside_and_rec
     flush_fails(fault, b)
     with pytest.raises(grpc.RpcError) as failed:
         send(b, b"the disk fails this one")
-    detail = detail_from_metadata(failed.value.trailing_metadata())
+    detail = typed(failed.value)
     assert failed.value.code() == grpc.StatusCode.UNAVAILABLE
     assert detail.code == common_pb2.STORE_NOT_WRITABLE and detail.retriable
     assert "EIO" in detail.message, detail.message
@@ -99,9 +107,7 @@ def test_a_master_whose_disk_fails_a_flush_answers_retriably_steps_aside_and_rec
     )
     with pytest.raises(grpc.RpcError) as later:
         send(b, b"after the failure")
-    assert (
-        detail_from_metadata(later.value.trailing_metadata()).code == common_pb2.STORE_NOT_WRITABLE
-    )
+    assert typed(later.value).code == common_pb2.STORE_NOT_WRITABLE
     samples = scrape(metrics)
     assert sample(samples, "tidemq_store_failed", reason="disk_io") == 1.0
     assert sample(samples, "tidemq_store_writable") == 0.0
@@ -173,3 +179,54 @@ def test_a_master_whose_disk_fails_hands_over_to_an_in_sync_slave_within_the_fai
     group.start(first)
     group.wait_isr({1, 2, 3})
     check_history(history, group, "orders", QUEUES)
+
+
+def test_a_broker_whose_queue_disk_is_full_never_acknowledges_what_consumers_cannot_see(
+    start_broker: StartBroker, nameserver: NameServerProcess, tmp_path: Path
+) -> None:
+    """Async flush, so no send waits for the disk: a send is answered SEND_OK only once its
+    message is in its ConsumeQueue. The ConsumeQueues live on a small tmpfs that fills up."""
+    metrics = f"127.0.0.1:{free_port()}"
+    with small_disk(tmp_path / "broker" / "consumequeue", 1 << 20) as queues:
+        b = start_broker("--nameserver", nameserver.address, "--metrics-listen", metrics)
+        try:
+            with tidemq.Admin(nameserver.address) as admin:
+                admin.create_topic("orders", queues=QUEUES)
+            acknowledged = set()
+            for i in range(10):
+                assert send(b, f"before-{i}".encode(), queue_id=0).status == broker_pb2.SEND_OK
+                acknowledged.add(f"before-{i}".encode())
+            filler = fill(queues)
+            answers = [_answer(b, f"full-{i}".encode(), queue_id=1) for i in range(10)]
+            # Queue 1 needs its first file, for which there is no room: the first send is stored
+            # but not dispatchable, and the others are refused while dispatch waits for space.
+            full = (grpc.StatusCode.RESOURCE_EXHAUSTED, common_pb2.DISK_FULL, True)
+            assert answers == [full] * 10
+            assert sample(scrape(metrics), "tidemq_store_dispatch_disk_full") == 1.0
+
+            filler.unlink()  # space returns; nothing restarts
+            wait_until(lambda: _sent(b, b"after"), 20, "a send to be acknowledged again")
+            acknowledged.add(b"after")
+            served = {body for q in range(QUEUES) for _, body in pull_queue(b, q)}
+            assert acknowledged <= served, sorted(acknowledged - served)[:5]
+            log = b.log()
+            assert "disk full" in log and "corrupt" not in log.lower()
+        finally:
+            b.terminate()  # before the tmpfs goes
+
+
+def _answer(b: BrokerProcess, body: bytes, queue_id: int) -> tuple[object, int, bool]:
+    """(gRPC status, ErrorCode, retriable) of one send; (OK, 0, False) when acknowledged."""
+    try:
+        r = send(b, body, queue_id=queue_id)
+    except grpc.RpcError as e:
+        detail = typed(e)
+        return e.code(), detail.code, detail.retriable
+    return grpc.StatusCode.OK, 0, r.status != broker_pb2.SEND_OK
+
+
+def _sent(b: BrokerProcess, body: bytes) -> bool:
+    try:
+        return bool(send(b, body, queue_id=1).status == broker_pb2.SEND_OK)
+    except grpc.RpcError:
+        return False
