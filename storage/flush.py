@@ -121,8 +121,10 @@ class FlushService:
             try:
                 flushed = self._flush(least)
             except Exception as e:  # noqa: BLE001 - on_error logs it, where the store fails
-                self._fail_all(e)
+                # The store is marked failed before any waiter hears: a producer answered with
+                # the error finds every later append refused, never accepted.
                 self._on_error(e)
+                self._fail_all(e)
                 return
             if flushed > self._flushed:
                 self.flushes += 1
@@ -136,8 +138,8 @@ class FlushService:
             self._on_flushed(flushed)
             self._complete_upto(flushed)
         except Exception as e:  # noqa: BLE001
-            self._fail_all(e)
             self._on_error(e)
+            self._fail_all(e)
 
     def _complete_upto(self, flushed: int) -> None:
         with self._cond:

@@ -27,13 +27,14 @@ def main() -> None:
     root = Path(sys.argv[1])
     control = Path(os.environ[CONTROL_ENV])
     store = MessageStore(tiny_config(root, flush_mode=FlushMode.SYNC)).open()
-    before = [
-        outcome(lambda i=i: store.put_messages([Message("t", f"ok-{i}".encode())]).wait(10))
-        for i in range(5)
-    ]
+
+    def put(body: bytes) -> str:
+        return outcome(lambda: store.put_messages([Message("t", body)]).wait(10))
+
+    before = [put(f"ok-{i}".encode()) for i in range(5)]
     control.write_text(f"fdatasync EIO {root / 'commitlog'}\n")
-    failed = outcome(lambda: store.put_messages([Message("t", b"flush fails")]).wait(10))
-    later = outcome(lambda: store.put_messages([Message("t", b"after")]).wait(10))
+    failed = put(b"flush fails")
+    later = put(b"after")
     failure = store.failure
     report = {
         "before": before,
