@@ -24,15 +24,14 @@ def test_dispatch_on_a_full_disk_refuses_appends_and_resumes_by_itself_when_spac
     with small_disk(root / "consumequeue", 256 << 10) as queues:
         store = MessageStore(tiny_config(root)).open()
         try:
-            first = store.put_messages([Message("t", b"before", queue_id=0)])
-            first.dispatched.result(10)
+            store.put_messages([Message("t", b"before", queue_id=0)])
+            assert store.wait_dispatched(store.commitlog.max_offset, 10)
             filler = fill(queues)
             # Queue 1 needs its first file: there is no room for it.
             stuck = store.put_messages([Message("t", b"stuck", queue_id=1)])
+            wait_until(lambda: refused(store), 10, "appends refused while dispatch waits")
             with pytest.raises(DiskFullError, match="disk full"):
                 stuck.dispatched.result(10)
-            with pytest.raises(DiskFullError):
-                store.put_messages([Message("t", b"refused", queue_id=0)])
             assert store.dispatch_stalled is not None
             assert store.dispatcher.error is None  # a full disk is not corruption
             assert not store.stats().writable
@@ -48,3 +47,12 @@ def test_dispatch_on_a_full_disk_refuses_appends_and_resumes_by_itself_when_spac
             assert [m.body for m in store.get_messages("t", 1, 0).messages] == [b"stuck", b"after"]
         finally:
             store.close()
+
+
+def refused(store: MessageStore) -> bool:
+    """Whether an append (to a queue that has room) is refused as DISK_FULL."""
+    try:
+        store.put_messages([Message("t", b"refused?", queue_id=0)])
+    except DiskFullError:
+        return True
+    return False
