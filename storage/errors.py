@@ -52,6 +52,14 @@ class DiskFullError(StoreNotWritableError):
     code = "DISK_FULL"
 
 
+class DiskFailedError(StoreNotWritableError):
+    """The disk failed an I/O the store depends on (EIO on a flush or a write). The store takes
+    no more writes until it is restarted on a repaired disk; retriable, because another broker
+    group (or the slave that takes over) can take the same send."""
+
+    code = "DISK_FAILED"
+
+
 class StoreLockedError(StoreError):
     """Another process holds the store directory."""
 

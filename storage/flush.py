@@ -6,23 +6,21 @@ future whose offset is now flushed with PUT_OK. A separate watcher completes req
 at their deadline with FLUSH_DISK_TIMEOUT, so a stalled disk cannot hold a producer forever. No
 request thread ever blocks on the disk.
 
-A failed msync is not swallowed: ``on_error`` marks the store unwritable and every waiting future
-fails with the error.
+A failed flush is not swallowed: every waiting future fails with the error (the store's flush
+function raises a typed ``DiskFailedError`` for an I/O error), as does every later request, and
+``on_error`` fails the store, which logs why and tells the broker.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
 from tidemq.storage.results import PutStatus
-
-log = logging.getLogger(__name__)
 
 FlushFn = Callable[[int], int]
 """flush(least_pages) -> flushed offset."""
@@ -122,10 +120,11 @@ class FlushService:
             least = 0 if (self.sync or thorough) else self._least_pages
             try:
                 flushed = self._flush(least)
-            except Exception as e:
-                log.exception("CommitLog flush failed; the store stops accepting writes")
-                self._fail_all(e)
+            except Exception as e:  # noqa: BLE001 - on_error logs it, where the store fails
+                # The store is marked failed before any waiter hears: a producer answered with
+                # the error finds every later append refused, never accepted.
                 self._on_error(e)
+                self._fail_all(e)
                 return
             if flushed > self._flushed:
                 self.flushes += 1
@@ -139,8 +138,8 @@ class FlushService:
             self._on_flushed(flushed)
             self._complete_upto(flushed)
         except Exception as e:  # noqa: BLE001
-            self._fail_all(e)
             self._on_error(e)
+            self._fail_all(e)
 
     def _complete_upto(self, flushed: int) -> None:
         with self._cond:

@@ -9,6 +9,7 @@ here uses asyncio: the broker wraps the returned futures.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -18,7 +19,15 @@ from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.checkpoint import read_checkpoint
 from tidemq.storage.cleaner import Cleaner
 from tidemq.storage.config import FlushMode
-from tidemq.storage.errors import CorruptRecordError, StoreError
+from tidemq.storage.errors import (
+    CorruptRecordError,
+    DiskFailedError,
+    DiskFullError,
+    StoreClosedError,
+    StoreError,
+    StoreNotWritableError,
+)
+from tidemq.storage.failure import DISK_IO, DISPATCH, FLUSH, HOUSEKEEPING
 from tidemq.storage.flush import FlushService
 from tidemq.storage.lock import StoreLock
 from tidemq.storage.manifest import check_layout
@@ -29,6 +38,9 @@ from tidemq.storage.warm import PageWarmer
 log = logging.getLogger(__name__)
 
 DISPATCH_SLICE_RECORDS = 1024
+# Dispatch on a full disk tries again after a pause that doubles up to the maximum.
+DISK_FULL_RETRY_MIN_S = 0.05
+DISK_FULL_RETRY_MAX_S = 1.0
 
 
 class StoreLifecycle:
@@ -96,7 +108,7 @@ class StoreLifecycle:
             thorough_interval_ms=cfg.flush_thorough_interval_ms,
             sync_timeout_ms=cfg.sync_flush_timeout_ms,
             on_flushed=lambda _off: self.wake_dispatch(),
-            on_error=self._on_fatal,
+            on_error=self._on_flush_failed,
             flushed_offset=self._parts.commitlog.mfq.flushed_offset,
         )
         self.flusher = flusher
@@ -129,23 +141,29 @@ class StoreLifecycle:
             t.join()
         clean = False
         if p.fatal is None:
-            with p.dispatch_lock:
-                p.dispatch_step()
-            p.queues.flush()
-            if p.index is not None:
-                p.index.flush()
-            p.write_checkpoint()
-            p.write_manifest()
-            clean = p.dispatcher.offset >= p.commitlog.max_offset and not p.dispatcher.error
+            try:
+                with p.dispatch_lock:
+                    p.dispatch_step()
+                p.queues.flush()
+                if p.index is not None:
+                    p.index.flush()
+                p.write_checkpoint()
+                p.write_manifest()
+            except (StoreError, OSError) as e:
+                # A full disk: recovery at the next start dispatches what is missing.
+                log.warning("closing: dispatch or checkpoint did not finish (%s)", e)
+            else:
+                clean = p.dispatcher.offset >= p.commitlog.max_offset and not p.dispatcher.error
         if clean:
             # Only a store with nothing left to dispatch may skip abnormal recovery next time.
             os.unlink(os.path.join(p.root, "abort"))
             fsync_dir(p.root)
+        p.dispatch_waiters.fail_for_good(StoreClosedError(f"store {p.root} closed"))
         p.close_files()
         self.lock.release()
 
-    def _on_fatal(self, exc: BaseException) -> None:
-        self._parts.fatal = exc
+    def _on_flush_failed(self, exc: BaseException) -> None:
+        self._parts.fail(DISK_IO if isinstance(exc, DiskFailedError) else FLUSH, exc)
 
     # ================================================================= dispatch
     def wake_dispatch(self) -> None:
@@ -155,23 +173,68 @@ class StoreLifecycle:
     def _dispatch_loop(self) -> None:
         p = self._parts
         dispatcher = p.dispatcher
+        pause_s = 0.0  # > 0 while the disk is full: the next try waits this long
         while not self.stop_event.is_set():
-            with self._dispatch_cond:
-                if dispatcher.offset >= p.dispatch_end() or dispatcher.error:
-                    self._dispatch_cond.wait(0.5)
+            if pause_s:
+                if self.stop_event.wait(pause_s):
+                    break
+            else:
+                with self._dispatch_cond:
+                    if dispatcher.offset >= p.dispatch_end() or dispatcher.error:
+                        self._dispatch_cond.wait(0.5)
             try:
                 # Bounded slices: the checkpoint, retention and truncation take this lock too, and
                 # must not wait behind a whole backlog.
                 with p.dispatch_lock:
                     p.dispatch_step(DISPATCH_SLICE_RECORDS)
+            except DiskFullError as e:
+                pause_s = self._stalled(e, pause_s)
+                continue
+            except OSError as e:
+                if e.errno == errno.ENOSPC:  # a queue's directory, made before its first file
+                    pause_s = self._stalled(DiskFullError(f"no space: {e}"), pause_s)
+                    continue
+                p.disk_failed("dispatch (ConsumeQueue or index write)", e)
+                return
+            except StoreNotWritableError as e:  # a file that could not be reserved: not space
+                p.fail(DISK_IO, DiskFailedError(f"dispatch: {e}"))
+                return
             except StoreError as e:
                 if dispatcher.error is None:
                     log.exception("dispatch stopped")
                 dispatcher.error = CorruptRecordError(dispatcher.offset, str(e))
-            except Exception as e:  # a broken dispatcher must stop writes, loudly
-                log.exception("dispatch failed; the store stops accepting writes")
-                p.fatal = e
+            except Exception as e:  # noqa: BLE001 - a broken dispatcher must stop writes, loudly
                 dispatcher.error = CorruptRecordError(dispatcher.offset, repr(e))
+                p.fail(DISPATCH, e)
+                return
+            if dispatcher.error is not None and dispatcher.stopped_at is not None:
+                # Nothing past a corrupt record becomes visible: its senders hear why.
+                p.dispatch_waiters.fail_waiting(dispatcher.error)
+            if pause_s:
+                pause_s = 0.0
+                p.dispatch_stall = None
+                log.warning(
+                    "dispatch resumed at CommitLog offset %d: disk space is back", dispatcher.offset
+                )
+
+    def _stalled(self, exc: DiskFullError, pause_s: float) -> float:
+        """Dispatch cannot write a ConsumeQueue or index file: the disk is full. Appends are
+        refused and whoever waits for dispatch is answered DISK_FULL, every try, until a try
+        succeeds. Returns the pause before the next try."""
+        p = self._parts
+        p.dispatch_waiters.advance(p.dispatcher.offset)
+        if p.dispatch_stall is None:
+            log.error(
+                "dispatch stopped at CommitLog offset %d: disk full (%s); appends are refused "
+                "and dispatch retries until space returns",
+                p.dispatcher.offset,
+                exc,
+            )
+        p.dispatch_stall = exc
+        p.dispatch_waiters.fail_waiting(
+            DiskFullError(f"the message is stored but cannot be dispatched: disk full ({exc})")
+        )
+        return min(max(pause_s * 2, DISK_FULL_RETRY_MIN_S), DISK_FULL_RETRY_MAX_S)
 
     # ================================================================= housekeeping
     def _housekeeping_loop(self) -> None:
@@ -187,6 +250,16 @@ class StoreLifecycle:
                 if time.monotonic() >= next_clean:
                     next_clean = time.monotonic() + cfg.clean_resource_interval_ms / 1000
                     self._cleaner.run()
-            except Exception as e:
-                log.exception("housekeeping failed; the store stops accepting writes")
-                p.fatal = e
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    # The checkpoint stays older (recovery replays a little more): not a failure.
+                    log.warning("housekeeping: disk full (%s); retried next period", e)
+                    continue
+                p.disk_failed("housekeeping (queue flush or checkpoint)", e)
+                return
+            except DiskFailedError as e:
+                p.fail(DISK_IO, e)
+                return
+            except Exception as e:  # noqa: BLE001 - the failure logs it and stops writes
+                p.fail(HOUSEKEEPING, e)
+                return

@@ -16,6 +16,9 @@ from tidemq.storage.checkpoint import Checkpoint, write_checkpoint
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.config import FlushMode, StoreConfig
 from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.storage.dispatch_waiters import DispatchWaiters
+from tidemq.storage.errors import DiskFullError
+from tidemq.storage.failure import DISK_IO, FailureSignal, StoreFailure, disk_error
 from tidemq.storage.index_service import IndexService
 from tidemq.storage.manifest import Manifest
 
@@ -44,10 +47,30 @@ class StoreParts:
         self.open = False
         # What stopped the store accepting writes (a failed flush, dispatch or housekeeping).
         self.fatal: BaseException | None = None
+        self.failures = FailureSignal()
+        self.dispatch_waiters = DispatchWaiters()
+        # Set while dispatch waits for space on a full disk (appends are refused meanwhile).
+        self.dispatch_stall: DiskFullError | None = None
+
+    def fail(self, reason: str, exc: BaseException) -> StoreFailure:
+        """The store stops writing for good (until restarted): ``fatal`` is set, whoever waits
+        for dispatch is answered with the error, the listeners are told."""
+        failure = self.failures.fail(reason, exc)
+        self.fatal = failure.error
+        self.dispatch_waiters.fail_for_good(failure.error)
+        return failure
 
     def flush_commitlog(self, least_pages: int) -> int:
         with self.flush_lock:
-            return self.commitlog.flush(least_pages)
+            try:
+                return self.commitlog.flush(least_pages)
+            except OSError as e:
+                # The disk lost writes it had accepted: what it holds is unknown from here on.
+                raise disk_error("CommitLog flush (fdatasync)", e) from e
+
+    def disk_failed(self, what: str, exc: OSError) -> BaseException:
+        """Fail the store for an I/O error of ``what``; returns the typed error to raise."""
+        return self.fail(DISK_IO, disk_error(what, exc)).error
 
     def dispatch_end(self) -> int:
         if self.config.flush_mode is FlushMode.SYNC:
@@ -55,7 +78,9 @@ class StoreParts:
         return self.commitlog.max_offset
 
     def dispatch_step(self, max_records: int | None = None) -> int:
-        return self.dispatcher.dispatch(self.dispatch_end(), max_records=max_records)
+        count = self.dispatcher.dispatch(self.dispatch_end(), max_records=max_records)
+        self.dispatch_waiters.advance(self.dispatcher.offset)
+        return count
 
     def write_checkpoint(self) -> None:
         """Make everything below the dispatched offset durable, then record that offset."""

@@ -15,17 +15,20 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from tidemq.storage.cleaner import Cleaner, QueuePosition, RetentionCounts
 from tidemq.storage.config import FlushMode, StoreConfig
 from tidemq.storage.dispatch import DispatchListener
 from tidemq.storage.errors import (
+    DiskFailedError,
     DiskFullError,
     StoreClosedError,
     StoreError,
     StoreNotWritableError,
     TailNotAlignedError,
 )
+from tidemq.storage.failure import FailureListener, StoreFailure
 from tidemq.storage.lifecycle import StoreLifecycle
 from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.parts import StoreParts
@@ -36,11 +39,19 @@ from tidemq.storage.results import PutStatus
 from tidemq.storage.set_aside import restart_empty_at
 from tidemq.storage.truncation import EvidenceWriter, truncate_log
 
+T = TypeVar("T")
+
 
 @dataclass
 class PutResult:
+    """``durable``: the flush status (at once under async flush). ``dispatched``: done once the
+    records are in their ConsumeQueues and the index, visible to consumers; it fails with the
+    reason (``DiskFullError``, ``DiskFailedError``, ...) when dispatch cannot get there. A
+    broker acknowledges a send only when both are answered well."""
+
     results: list[AppendResult]
     durable: Future[PutStatus]
+    dispatched: Future[None] = field(default_factory=lambda: _done(None))
 
     def wait(self, timeout_s: float | None = None) -> PutStatus:
         return self.durable.result(timeout_s)
@@ -58,9 +69,9 @@ class StoreStats:
     recovery: RecoveryReport | None = field(default=None)
 
 
-def _done(status: PutStatus) -> Future[PutStatus]:
-    f: Future[PutStatus] = Future()
-    f.set_result(status)
+def _done(value: T) -> Future[T]:
+    f: Future[T] = Future()
+    f.set_result(value)
     return f
 
 
@@ -116,6 +127,21 @@ class MessageStore:
         return self._parts.dispatcher.last_store_timestamp_ms
 
     @property
+    def failure(self) -> StoreFailure | None:
+        """Why the store stopped writing for good (until restarted), or None while it has not."""
+        return self._parts.failures.failure
+
+    def on_failure(self, listener: FailureListener) -> None:
+        """Call ``listener`` once when the store fails (at once if it has), from the thread that
+        met the failure: a listener only hands it over (to an event loop, a queue)."""
+        self._parts.failures.subscribe(listener)
+
+    @property
+    def dispatch_stalled(self) -> DiskFullError | None:
+        """Set while dispatch waits for space on a full disk; appends are refused meanwhile."""
+        return self._parts.dispatch_stall
+
+    @property
     def commitlog_flushes(self) -> int:
         """Flushes by the flusher thread that moved the flushed offset (under sync flush, the
         group commits); 0 before the store is opened."""
@@ -127,13 +153,24 @@ class MessageStore:
         p = self._parts
         if not p.open:
             raise StoreClosedError(f"store {self.root} is closed")
-        if p.fatal is not None:
-            raise StoreNotWritableError(f"store stopped accepting writes after: {p.fatal}")
+        self._check_not_failed()
+        if p.dispatch_stall is not None:
+            raise DiskFullError(
+                f"dispatch waits for disk space ({p.dispatch_stall}); writes resume when it "
+                f"moves again"
+            )
         if self._cleaner.disk_full:
             raise DiskFullError(
                 f"disk usage above {self.config.disk_space_warning_level_ratio:.0%}; writes resume "
                 f"when retention frees space"
             )
+
+    def _check_not_failed(self) -> None:
+        fatal = self._parts.fatal
+        if fatal is None:
+            return
+        cls = DiskFailedError if isinstance(fatal, DiskFailedError) else StoreNotWritableError
+        raise cls(f"store failed and refuses writes until restarted: {fatal}")
 
     def put_messages(self, messages: Sequence[Message]) -> PutResult:
         """Append a batch; all messages are validated before any byte is written."""
@@ -145,8 +182,12 @@ class MessageStore:
             self._check_writable()
             if cl.last_write_raw:
                 self._require_aligned_tail()
-            results = cl.put(messages, cfg.max_message_body_bytes)
+            try:
+                results = cl.put(messages, cfg.max_message_body_bytes)
+            except OSError as e:
+                raise self._parts.disk_failed("CommitLog write", e) from e
             end = cl.max_offset
+            dispatched = self._parts.dispatch_waiters.wait_for(end, self._parts.dispatcher.offset)
         flusher = self._lifecycle.flusher
         assert flusher is not None
         if cfg.flush_mode is FlushMode.SYNC:
@@ -154,7 +195,7 @@ class MessageStore:
         else:
             durable = _done(PutStatus.PUT_OK)
             self._lifecycle.wake_dispatch()
-        return PutResult(results, durable)
+        return PutResult(results, durable, dispatched)
 
     def put_message(self, message: Message) -> PutResult:
         return self.put_messages([message])
@@ -175,9 +216,11 @@ class MessageStore:
         with p.put_lock:
             if not p.open:
                 raise StoreClosedError(f"store {self.root} is closed")
-            if p.fatal is not None:
-                raise StoreNotWritableError(f"store stopped accepting writes after: {p.fatal}")
-            end = p.commitlog.append_raw(offset, data)
+            self._check_not_failed()
+            try:
+                end = p.commitlog.append_raw(offset, data)
+            except OSError as e:
+                raise p.disk_failed("CommitLog write (replicated bytes)", e) from e
         self._lifecycle.wake_dispatch()
         return end
 
@@ -336,7 +379,10 @@ class MessageStore:
             flushed_offset=cl.mfq.flushed_offset,
             dispatched_offset=p.dispatcher.offset,
             disk_usage_ratio=self._cleaner.disk_usage(),
-            writable=p.open and p.fatal is None and not self._cleaner.disk_full,
+            writable=p.open
+            and p.fatal is None
+            and p.dispatch_stall is None
+            and not self._cleaner.disk_full,
             queues=len(p.queues.queues),
             recovery=self.recovery,
         )

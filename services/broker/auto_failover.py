@@ -93,6 +93,12 @@ class AutomaticFailover:
             self.role.demote(self.role.epoch, -1)
             self.master.end_mastership()
 
+    async def resign(self, reason: str) -> None:
+        """Out of the group's elections until restarted (the store failed): no acknowledgement,
+        no replication from a master, leader and candidate znodes deleted."""
+        await self.agent.resign(reason)
+        await self._stop_following()
+
     # -- hooks the agent calls ----------------------------------------------------------------
 
     def position(self) -> tuple[int, int]:

@@ -310,6 +310,31 @@ class FailoverAgent(KazooLoopBridge):
         """Delete our leader znode (a switchover, or a take-over that failed)."""
         await asyncio.get_running_loop().run_in_executor(None, self.znodes.delete_leader, client)
 
+    async def resign(self, reason: str) -> None:
+        """Leave the group's elections for good (this process's store failed): stop, step down
+        if master (no acknowledgement from here on), and delete our leader and candidate znodes,
+        so an in-sync slave is elected now rather than after the session expires, and this
+        broker is never elected again. ZooKeeper errors are logged: the session's end, when
+        the broker closes it, removes both znodes anyway."""
+        await self.stop()
+        was_master = self.role.is_master
+        if was_master:
+            await self._step_down(reason)
+        client = self._get_client()
+        if client is None or client.client_id is None:
+            return
+        loop = asyncio.get_running_loop()
+        for path in ((self.paths.leader,) if was_master else ()) + (
+            self.paths.candidate(self.role.own_id),
+        ):
+            try:
+                if await loop.run_in_executor(None, self.znodes.delete_own, client, path):
+                    log.warning("resigned: deleted %s", path)
+            except ZK_ERRORS as e:
+                log.warning(
+                    "resigning: deleting %s failed (%s); the session's end removes it", path, e
+                )
+
     # -- switchover -------------------------------------------------------------------------
 
     async def hand_over(self, target: int) -> GroupState:

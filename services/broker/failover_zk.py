@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import BadVersionError, NoNodeError
 
 from tidemq.replication.election import Candidate, GroupState
 from tidemq.services.broker import failover_znodes as zn
@@ -100,6 +100,15 @@ class GroupZnodes:
         tx.set_data(self.paths.state, zn.encode_state(new), version=version)
         tx.delete(self.paths.leader)
         self._commit(tx)
+
+    def delete_own(self, client: Any, path: str) -> bool:
+        """Delete the ephemeral znode at ``path`` if this session holds it; True if it did."""
+        stat = client.exists_async(path).get(timeout=self.timeout_s)
+        if stat is None or stat.ephemeralOwner != client.client_id[0]:
+            return False
+        with contextlib.suppress(NoNodeError, BadVersionError):
+            client.delete_async(path, version=stat.version).get(timeout=self.timeout_s)
+        return True
 
     def delete_leader(self, client: Any) -> None:
         with contextlib.suppress(NoNodeError):

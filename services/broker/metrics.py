@@ -32,6 +32,7 @@ from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.topics import TopicManager
 from tidemq.storage import Message, MessageStore
 from tidemq.storage.clock import now_ms
+from tidemq.storage.failure import STORE_FAILURE_REASONS
 from tidemq.storage.retention import Held
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,10 @@ class StateCollector:
         fam["cl_dispatched"].add_metric([], st.dispatched_offset)
         fam["disk"].add_metric([], st.disk_usage_ratio)
         fam["writable"].add_metric([], 1 if st.writable else 0)
+        failure = self.store.failure
+        for reason in STORE_FAILURE_REASONS:
+            fam["failed"].add_metric([reason], 1 if failure and failure.reason == reason else 0)
+        fam["dispatch_disk_full"].add_metric([], 1 if self.store.dispatch_stalled else 0)
         fam["queues"].add_metric([], st.queues)
         topics = self.topics.all()
         fam["topics"].add_metric([], len(topics))
@@ -349,6 +354,17 @@ _STATE_METRICS: dict[str, tuple[str, str, Sequence[str]]] = {
     "writable": (
         "tidemq_store_writable",
         "1 while the store accepts appends, 0 when it refuses them (disk full, fatal error)",
+        (),
+    ),
+    "failed": (
+        "tidemq_store_failed",
+        "1 for the reason the store stopped writing until restarted (disk_io: the disk failed a "
+        "flush or a write; flush, dispatch, housekeeping: an error there), 0 for the others",
+        ("reason",),
+    ),
+    "dispatch_disk_full": (
+        "tidemq_store_dispatch_disk_full",
+        "1 while dispatch waits for space to write ConsumeQueue or index files (sends refused)",
         (),
     ),
     "queues": ("tidemq_store_consume_queues", "ConsumeQueues in the store", ()),

@@ -40,6 +40,7 @@ from tidemq.services.broker.replication import (
 from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
+from tidemq.services.broker.store_failure import StepAside
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.errors import add_servicer
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 5.0
 SERVICE_NAME: str = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
+HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server, as probes ask by default
 
 
 class Broker:
@@ -94,6 +96,7 @@ class Broker:
         self.replication: TypedReplicationServicer | None = None
         self.slave: SlaveClient | None = None
         self.metrics: BrokerMetrics | None = None
+        self.step_aside: StepAside | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_port = 0
         # Built here so a broker that could never register (a bad name) fails before serving.
@@ -187,8 +190,13 @@ class Broker:
             port = self.metrics.serve(self.config.metrics_listen)
             log.info("metrics on http://%s/metrics (port %d)", self.config.metrics_listen, port)
         await self.server.start()
-        for service in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
+        for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        # A failed store (the disk failed) makes the broker step aside (``store_failure``).
+        self.step_aside = StepAside(
+            self.health, HEALTH_SERVICES, self._unregister_all, self.zk, self.failover
+        )
+        self.store.on_failure(self.step_aside.on_store_failure(loop))
         if self.zk is not None:
             await self.zk.start()
         if self.failover is not None:
@@ -259,6 +267,8 @@ class Broker:
             log.warning("topic change not yet published to the nameservers; retried next round")
 
     async def register_all(self) -> None:
+        if self.step_aside is not None and self.step_aside.stepped_aside:
+            return  # its store failed: out of the routes until restarted
         if self.zk is not None:
             self.zk.refresh()
         request = nameserver_pb2.RegisterBrokerRequest(

@@ -1,5 +1,8 @@
 """Sync flush by group commit, its timeout, async flush, and what SYNC means for readers."""
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -7,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults.disk import DiskFault
 from tests.store.conftest import tiny_config
 from tests.waiting import wait_until
 from tidemq.storage import FlushMode, Message, MessageStore, PutStatus
+from tidemq.storage.errors import DiskFailedError
 from tidemq.storage.flush import FlushService
 
 pytestmark = pytest.mark.store
@@ -81,7 +86,8 @@ def test_a_stalled_disk_answers_flush_disk_timeout_at_the_deadline() -> None:
         svc.stop()
 
 
-def test_flush_failure_fails_waiters_and_the_store_stops_writing(tmp_path: Path) -> None:
+def test_a_failed_flush_fails_the_waiting_request_and_every_later_one() -> None:
+    """The flusher's part alone: the error reaches the waiter, later requests and on_error."""
     errors: list[BaseException] = []
 
     def broken(_least: int) -> int:
@@ -106,6 +112,32 @@ def test_flush_failure_fails_waiters_and_the_store_stops_writing(tmp_path: Path)
     later = svc.submit(2)
     with pytest.raises(OSError, match="Input/output error"):
         later.result(timeout=1)
+
+
+def test_flush_failure_fails_waiters_and_the_store_stops_writing(tmp_path: Path) -> None:
+    """A real store in a child process whose fdatasync starts failing with EIO (the diskfault
+    shim): the waiting put fails with a typed retriable DiskFailedError, the store refuses
+    later puts and says it failed; reopened on a healthy disk, every acknowledged put is there."""
+    root = tmp_path / "store"
+    fault = DiskFault(tmp_path / "diskfault")
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("flush_fault_child.py")), str(root)],
+        env=fault.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    seen = json.loads(child.stdout.strip().splitlines()[-1])
+    assert seen["before"] == ["PUT_OK"] * 5
+    assert seen["failed"].startswith("DiskFailedError: CommitLog flush (fdatasync) failed: EIO")
+    assert seen["later"].startswith("DiskFailedError: store failed and refuses writes")
+    assert seen["failure"] == "disk_io" and seen["writable"] is False
+    assert DiskFailedError.retriable
+    with MessageStore(tiny_config(root)) as s:
+        bodies = [m.body for m in s.get_messages("t", 0, 0, max_count=100).messages]
+    assert bodies[:5] == [f"ok-{i}".encode() for i in range(5)]
 
 
 def test_store_sync_flush_with_64_concurrent_writers(tmp_path: Path) -> None:

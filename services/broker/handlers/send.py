@@ -69,6 +69,10 @@ class SendHandler:
         if self.replication is not None:
             self.replication.notify_appended()
         flushed, replicated = await wait_durable(put, self.replication, self.role.role)
+        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
+            # SEND_OK promises a message consumers can see: it waits for dispatch, which
+            # raises DISK_FULL when the ConsumeQueues or the index cannot be written.
+            await wait_dispatched(put)
         # The lease is checked again at the answer, after the waits (``send_status``).
         status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
         if status is None:
@@ -125,6 +129,15 @@ async def wait_durable(
         return durable.result(), await replicated
     flushed, status = await asyncio.gather(asyncio.wrap_future(durable), replicated)
     return flushed, status
+
+
+async def wait_dispatched(put: PutResult) -> None:
+    """Until the put's records are dispatched; raises the store's reason when they cannot be."""
+    fut = put.dispatched
+    if fut.done():
+        fut.result()
+    else:
+        await asyncio.wrap_future(fut)
 
 
 def _peer_host(peer: str) -> tuple[bytes, int]:
