@@ -28,7 +28,7 @@ from tidemq.storage.errors import (
     StoreNotWritableError,
     TailNotAlignedError,
 )
-from tidemq.storage.failure import FailureListener, StoreFailure
+from tidemq.storage.failure import DISK_IO, FailureListener, StoreFailure
 from tidemq.storage.lifecycle import StoreLifecycle
 from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.parts import StoreParts
@@ -231,9 +231,8 @@ class MessageStore:
         p = self._parts
         try:
             flushed = p.flush_commitlog(0)
-        except OSError as e:
-            p.fatal = e
-            raise StoreNotWritableError(f"CommitLog flush failed: {e}") from e
+        except DiskFailedError as e:
+            raise p.fail(DISK_IO, e).error from None
         self._lifecycle.wake_dispatch()  # under sync flush, dispatch waits for the flush
         return flushed
 
