@@ -185,16 +185,21 @@ class EpochFile:
         self.log = EpochLog(self._load())
 
     def _load(self) -> list[EpochEntry]:
-        errors = []
+        problems = []
         for path in (self.path, self.backup):
             try:
                 return decode(path.read_bytes())
             except FileNotFoundError:
-                continue
+                problems.append("")
             except EpochFileError as e:
-                errors.append(f"{path.name}: {e}")
-        if errors:
-            raise EpochFileError("; ".join(errors), str(self.path), fix_hint(self.path.parent))
+                problems.append(e.problem)
+        main, backup = problems
+        if main or backup:
+            raise EpochFileError(
+                f"{main or 'missing'} (its backup {self.backup.name}: {backup or 'missing'})",
+                str(self.path),
+                fix_hint(self.path.parent),
+            )
         return []  # a store that never served under an epoch
 
     @property
