@@ -4,15 +4,18 @@ group answers it while this happens, nor for a consumer that starts afterwards; 
 committed on the slave reach the returned master (config sync hands them back, by version,
 without comparing the two machines' clocks).
 
-Static master/slave here; the same under automatic failover, with a real ZooKeeper, is below."""
+Static master/slave here; under automatic failover, with a real ZooKeeper and an old master
+whose wall clock is an hour ahead, below."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 
 import pytest
 
 import tidemq
+from tests.faults import preload_env
 from tests.integration.conftest import (
     BrokerProcess,
     NameServerProcess,
@@ -21,7 +24,14 @@ from tests.integration.conftest import (
 )
 from tests.integration.failover import Group
 from tests.integration.offset_watch import OffsetWatch, consume
-from tests.integration.replicas import create_topic, max_offset, start, start_slave, status
+from tests.integration.replicas import (
+    create_topic,
+    max_offset,
+    start,
+    start_slave,
+    status,
+    topic_names,
+)
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq.protos import broker_pb2, common_pb2
@@ -31,6 +41,7 @@ pytestmark = pytest.mark.integration
 QUEUES = 4
 PER_QUEUE = 40
 SYNC_MS = 300  # the slaves' config sync interval
+HOUR_MS = 3_600_000
 FAST = {
     "start_from": "first",
     "auto_commit_interval_ms": 200,
@@ -142,17 +153,49 @@ def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -
     g.thaw_all()
 
 
-def test_under_automatic_failover_an_old_master_returns_to_the_new_masters_offsets(
-    group: Group, start_nameserver: StartNameServer, zookeeper: ZooKeeperServer
+@contextlib.contextmanager
+def clock_ahead(monkeypatch: pytest.MonkeyPatch, ms: int) -> Iterator[None]:
+    """Brokers started inside read a wall clock ``ms`` ahead of this machine's."""
+    env = preload_env("wallclock_skew", TIDEMQ_CLOCK_SKEW_MS=str(ms))
+    with monkeypatch.context() as m:
+        for name in ("LD_PRELOAD", "TIDEMQ_CLOCK_SKEW_MS"):
+            m.setenv(name, env[name])
+        yield
+
+
+def test_under_automatic_failover_an_old_master_whose_clock_is_ahead_takes_the_new_offsets(
+    group: Group,
+    start_nameserver: StartNameServer,
+    zookeeper: ZooKeeperServer,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The master dies, another is elected at a new epoch and consumers commit there; the old
-    master returns as a slave and takes the newer offsets instead of keeping (or handing out)
-    its own older ones."""
-    ns = group.routed(start_nameserver, "orders", QUEUES)
+    """The first master's wall clock is an hour ahead. It dies, another broker is elected at a
+    new epoch and consumers commit there; the old master returns as a slave. Every broker ends
+    with the newer offsets (a merge by commit time would keep the old master's, stamped an hour
+    "later", on it and on the other slave), and none moves backwards meanwhile."""
+    ns = start_nameserver("--zk", zookeeper.hosts, "--zk-root", group.root)
+    with clock_ahead(monkeypatch, HOUR_MS):
+        group.start(1)
     first = group.master()
+    assert first == 1
+    for i in (2, 3):
+        group.start(i)
+    with tidemq.Admin(ns.address) as admin:
+        wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
+        admin.create_topic("orders", queues=QUEUES)
+    group.wait_isr({1, 2, 3})
+    wait_until(
+        lambda: all("orders" in topic_names(b) for b in group.brokers.values()),
+        20,
+        "every broker to know the topic",
+    )
     fill(group.brokers[first], "old", PER_QUEUE)
     group.wait_converged()
     end = [PER_QUEUE] * QUEUES
+
+    def agreed() -> bool:
+        views = {tuple(watch.latest(str(i))) for i in group.brokers}
+        return len(views) == 1 and None not in watch.latest(str(first))
 
     with OffsetWatch("g", "orders", QUEUES) as watch:
         watch.addresses.update({str(i): b.address for i, b in group.brokers.items()})
@@ -160,26 +203,21 @@ def test_under_automatic_failover_an_old_master_returns_to_the_new_masters_offse
             # A few at a time: about a quarter of each queue is consumed before the kill.
             got = consume(c, per_queue_at_least(PER_QUEUE // 4), 60, max_messages=QUEUES)
             c.commit()
-            wait_until(
-                lambda: (
-                    len({tuple(watch.latest(str(i))) for i in group.brokers}) == 1
-                    and None not in watch.latest(str(first))
-                ),
-                30,
-                "every broker to hold the master's offsets",
-            )
+            wait_until(agreed, 30, "every broker to hold the master's offsets")
             before = watch.latest(str(first))
             group.kill(first)
             second = group.master(timeout_s=30, not_id=first)
             consume(c, per_queue_at_least(PER_QUEUE), 60, got)
         wait_until(lambda: watch.latest(str(second)) == end, 30, "the new master to hold them")
-        assert watch.latest(str(first)) == before
+        assert watch.latest(str(first)) == before and before != end
 
-        group.start(first)
+        with clock_ahead(monkeypatch, HOUR_MS):
+            group.start(first)
         wait_until(
-            lambda: watch.latest(str(first)) == end,
+            lambda: all(watch.latest(str(i)) == end for i in group.live()),
             30,
-            f"the old master to take the new master's offsets (it says {watch.latest(str(first))})",
+            "every broker, the old master too, to hold the new master's offsets "
+            + str({i: watch.latest(str(i)) for i in group.live()}),
         )
         sync_rounds(group.brokers[first], 3)
         for i in group.live():
