@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tidemq.replication.epochs import EpochFile, EpochFileError
+from tidemq.services.broker import repair
 from tidemq.services.broker.config import load as load_broker_config
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.offsets import OffsetManager
@@ -188,3 +189,23 @@ def test_a_bad_broker_config_file_is_a_config_error_naming_the_file_and_the_key(
         load_broker_config(str(path), {"store_dir": str(tmp_path / "store")})
     assert str(e.value).startswith(f"broker config {path}: ")
     assert says in str(e.value)
+
+
+def test_repair_reset_moves_the_file_aside_and_rebuilds_topics_from_the_stores_queues(
+    tmp_path: Path,
+) -> None:
+    for topic, queues in (("orders", 4), ("audit", 1)):
+        for q in range(queues):
+            (tmp_path / "consumequeue" / topic / str(q)).mkdir(parents=True)
+    write(tmp_path, "topics.json", '{"topics": 3}', backup="")
+    assert [f.kind for f in repair.check(str(tmp_path)) if f.problem] == ["topics"]
+    done = repair.reset(str(tmp_path), "topics")
+    assert any("rebuilt 2 topics" in line for line in done), done
+    assert [
+        (t.topic, t.read_queue_nums, t.write_queue_nums) for t in TopicManager(str(tmp_path)).all()
+    ] == [
+        ("audit", 1, 1),
+        ("orders", 4, 4),
+    ]
+    assert len(list((tmp_path / "config").glob("topics.json*.corrupt-*"))) == 2
+    assert not [f for f in repair.check(str(tmp_path)) if f.problem]
