@@ -221,7 +221,8 @@ class BrokerServicer:
 
     def SyncConfig(self, request, context):
         """A slave's config sync (every 3 s): topics and subscription groups when their data version
-        changed (or always when full is set), and every committed consumer offset.
+        changed (or always when full is set), and every committed consumer offset. The slave sends
+        its own offsets along, and each side keeps the newer version of every offset.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

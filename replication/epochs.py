@@ -26,13 +26,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemq.storage.atomic_file import write_atomic
+from tidemq.storage.state_file import StateFileError
 
 FILE_NAME = "epochs"
 BACKUP_SUFFIX = ".bak"
 
 
-class EpochFileError(Exception):
-    """Neither the epoch file nor its backup holds a valid list."""
+class EpochFileError(StateFileError):
+    """An epoch list that is not whole (``decode``), or neither the epoch file nor its backup
+    holds one (``EpochFile``: the message names the file and the fix)."""
+
+    def __init__(self, problem: str, path: str = FILE_NAME, fix: str = "") -> None:
+        super().__init__(path, problem, fix)
+
+
+def fix_hint(root: str | Path) -> str:
+    return (
+        f"`tidemq broker repair-state --store {root} --reset epochs` keeps the bad file as "
+        f"{FILE_NAME}.corrupt-<time> and starts an empty list; the broker then rejoins its group "
+        f"by comparing records with the master's instead of epochs, and ranks last among "
+        f"in-sync candidates in an election until it has replicated under the current epoch"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,16 +185,21 @@ class EpochFile:
         self.log = EpochLog(self._load())
 
     def _load(self) -> list[EpochEntry]:
-        errors = []
+        problems = []
         for path in (self.path, self.backup):
             try:
                 return decode(path.read_bytes())
             except FileNotFoundError:
-                continue
+                problems.append("")
             except EpochFileError as e:
-                errors.append(f"{path.name}: {e}")
-        if errors:
-            raise EpochFileError("; ".join(errors))
+                problems.append(e.problem)
+        main, backup = problems
+        if main or backup:
+            raise EpochFileError(
+                f"{main or 'missing'} (its backup {self.backup.name}: {backup or 'missing'})",
+                str(self.path),
+                fix_hint(self.path.parent),
+            )
         return []  # a store that never served under an epoch
 
     @property

@@ -8,8 +8,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+from typing import Any
 
+from tidemq.storage import state_file
 from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
 from tidemq.storage.config import StoreConfig
 from tidemq.storage.dispatch import ConsumeQueueStore
@@ -19,6 +23,8 @@ from tidemq.storage.index_service import IndexService
 LAYOUT_FILE = "store.json"
 MANIFEST_FILE = os.path.join("consumequeue", "queues.json")
 FORMAT_VERSION = 1
+
+log = logging.getLogger(__name__)
 
 
 def check_layout(root: str, config: StoreConfig) -> None:
@@ -32,7 +38,11 @@ def check_layout(root: str, config: StoreConfig) -> None:
         "index_max_num": config.index_max_num,
         "record_crc": config.record_crc,
     }
-    have = read_json_with_fallback(path)
+    fix = (
+        f"copy {LAYOUT_FILE} from a store created with the same settings, or write the layout "
+        f"this store was created with (the settings given now make {json.dumps(want)})"
+    )
+    have = state_file.load(path, dict[str, Any], fix)
     if have is None:
         if os.path.isdir(os.path.join(root, "commitlog")):
             raise ConfigError(f"{root} holds a CommitLog but no {LAYOUT_FILE}")
@@ -55,13 +65,20 @@ class Manifest:
 
     def read(self) -> tuple[dict[tuple[str, int], tuple[int, int]], int]:
         """Queues with their (min, max) offsets, and the index's end offset, as last recorded."""
-        raw = read_json_with_fallback(os.path.join(self.root, MANIFEST_FILE)) or {}
+        path = os.path.join(self.root, MANIFEST_FILE)
+        raw = read_json_with_fallback(path) or {}
         out: dict[tuple[str, int], tuple[int, int]] = {}
-        for topic, qs in raw.get("queues", {}).items():
-            for qid, (min_q, max_q) in qs.items():
-                out[topic, int(qid)] = (int(min_q), int(max_q))
+        try:
+            for topic, qs in raw.get("queues", {}).items():
+                for qid, (min_q, max_q) in qs.items():
+                    out[topic, int(qid)] = (int(min_q), int(max_q))
+            index_end = int(raw.get("index_end_phy_offset", -1))
+        except (AttributeError, TypeError, ValueError) as e:
+            # Derived bookkeeping, as when it is unparsable: treated as absent, rewritten later.
+            log.warning("%s has the wrong shape (%s): treated as absent", path, e)
+            out, index_end = {}, -1
         self._keys = frozenset(out)
-        return out, int(raw.get("index_end_phy_offset", -1))
+        return out, index_end
 
     def write(
         self, queues: ConsumeQueueStore, index: IndexService | None, *, force: bool = False

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tidemq.services.broker import config as broker_config
+from tidemq.services.broker import repair
 from tidemq.services.broker.server import serve
 from tidemq.services.dev import die_with_parent
 from tidemq.storage.cli import exits_on_store_error
@@ -140,6 +141,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
     p.set_defaults(func=run, log_level=logging.INFO)
+    repair.add_parser(p.add_subparsers(dest="broker_command", metavar="{repair-state}"))
 
 
 @exits_on_store_error

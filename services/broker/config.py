@@ -11,6 +11,7 @@ from typing import Any
 
 from tidemq.replication import ReplicationConfig
 from tidemq.services.nameserver import zk_format
+from tidemq.storage import state_file
 from tidemq.storage.config import FlushMode
 from tidemq.storage.errors import ConfigError
 
@@ -170,12 +171,22 @@ def _is_address(value: str) -> bool:
 
 def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
     """A config from a TOML file (if given) with non-None ``overrides`` on top; replication
-    settings come in a ``replication`` table (a dict in ``overrides``)."""
+    settings come in a ``replication`` table (a dict in ``overrides``). Every problem is a
+    ConfigError naming the file and the key."""
     values: dict[str, Any] = {}
+    source = f"broker config {path}" if path else "broker config"
     if path:
-        with open(path, "rb") as f:
-            values.update(tomllib.load(f))
-    replication = dict(values.pop("replication", None) or {})
+        try:
+            with open(path, "rb") as f:
+                values.update(tomllib.load(f))
+        except OSError as e:
+            raise ConfigError(f"{source}: cannot read it: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{source}: not valid TOML: {e}; fix the file") from None
+    replication = values.pop("replication", None) or {}
+    if not isinstance(replication, dict):
+        raise ConfigError(f"{source}: 'replication' must be a table ([replication])")
+    replication = dict(replication)
     replication.update({k: v for k, v in overrides.pop("replication", {}).items() if v is not None})
     values.update({k: v for k, v in overrides.items() if v is not None})
     unknown = sorted(set(values) - _field_names(BrokerConfig))
@@ -183,21 +194,23 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
         f"replication.{k}" for k in set(replication) - _field_names(ReplicationConfig)
     )
     if unknown:
-        raise ConfigError(f"unknown broker config keys: {', '.join(unknown)}")
-    if isinstance(values.get("role"), str):
-        values["role"] = BrokerRole(values["role"].upper())
-    if isinstance(values.get("flush"), str):
-        values["flush"] = FlushMode(values["flush"].upper())
+        raise ConfigError(f"{source}: unknown keys: {', '.join(unknown)}")
+    for name in ("role", "flush"):
+        if isinstance(values.get(name), str):
+            values[name] = values[name].upper()
     if isinstance(values.get("nameservers"), str):
         values["nameservers"] = tuple(n for n in values["nameservers"].split(",") if n)
-    elif "nameservers" in values:
-        values["nameservers"] = tuple(values["nameservers"])
+    values["replication"] = replication
     try:
-        return BrokerConfig(**values, replication=ReplicationConfig(**replication))
-    except ConfigError:
+        return state_file.from_json(BrokerConfig, values)
+    except state_file.ShapeError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except ConfigError as e:
+        if path:
+            raise ConfigError(f"{source}: {e}") from None
         raise
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"invalid broker config: {e}") from None
+        raise ConfigError(f"invalid {source}: {e}") from None
 
 
 def _field_names(cls: type) -> set[str]:

@@ -4,11 +4,17 @@ master, find the same topics, groups and positions.
 
 Every ``config_sync_interval_ms`` (3 s) the slave asks with the data versions it holds; the
 master leaves out tables whose version matches, except on a full sync (at most every
-``config_full_sync_interval_ms``, 60 s, and the first after start). Offsets always come whole and
-merge by commit time: a slave's newer commit is never replaced by the master's older one
-(RocketMQ #1094).
+``config_full_sync_interval_ms``, 60 s, and the first after start).
 
-``answer`` is the master's side (pure: tables in, message out); ``ConfigSync`` the slave's loop.
+Offsets go both ways, whole, every time (RocketMQ #1094): the slave sends its table with the
+request and the master takes every offset whose version is newer than its own, then answers with
+its table, of which the slave takes the same. So commits a slave took while its master was away
+reach the master once it is back, an old master that returns as a slave takes the new master's
+offsets rather than pushing its older ones, and no committed offset moves backwards on either
+side (``offsets.supersedes``: versions, no clocks).
+
+``answer`` is the master's side (tables in, message out; it merges the caller's offsets);
+``ConfigSync`` the slave's loop.
 """
 
 from __future__ import annotations
@@ -47,14 +53,41 @@ def topic_of(t: Any) -> TopicConfig:
     )
 
 
+def offset_protos(entries: list[CommittedOffset]) -> list[Any]:
+    return [
+        broker_pb2.ConsumerOffset(
+            group=o.group,
+            topic=o.topic,
+            queue_id=o.queue_id,
+            offset=o.offset,
+            generation=o.generation,
+        )
+        for o in entries
+    ]
+
+
+def offsets_of(protos: Any) -> list[CommittedOffset]:
+    return [CommittedOffset(o.group, o.topic, o.queue_id, o.offset, o.generation) for o in protos]
+
+
 def answer(
     request: Any,
     topics: TopicManager,
     groups: SubscriptionGroupManager,
     offsets: OffsetManager,
     topic_proto: Callable[[TopicConfig], Any],
+    caller: str = "",
 ) -> Any:
-    """The master's SyncConfigResponse to ``request``."""
+    """The master's SyncConfigResponse to ``request``, after taking the caller's newer
+    offsets."""
+    if request.offsets:
+        handed_back = offsets.merge(offsets_of(request.offsets))
+        if handed_back.taken:
+            log.info(
+                "config sync: took %d newer consumer offsets from %s",
+                handed_back.taken,
+                caller or "a slave",
+            )
     response = broker_pb2.SyncConfigResponse(
         topics_version=version_proto(topics.data_version),
         groups_version=version_proto(groups.data_version),
@@ -70,16 +103,7 @@ def answer(
             )
             for g in groups.all()
         )
-    response.offsets.extend(
-        broker_pb2.ConsumerOffset(
-            group=o.group,
-            topic=o.topic,
-            queue_id=o.queue_id,
-            offset=o.offset,
-            commit_timestamp_ms=o.commit_timestamp_ms,
-        )
-        for o in offsets.entries()
-    )
+    response.offsets.extend(offset_protos(offsets.entries()))
     return response
 
 
@@ -125,11 +149,7 @@ class ConfigSync:
         address = self.master_address
         now = time.monotonic()
         full = (now - self._last_full_mono) * 1000 >= self.full_interval_ms
-        request = broker_pb2.SyncConfigRequest(
-            topics_version=version_proto(self.topics.data_version),
-            groups_version=version_proto(self.groups.data_version),
-            full=full,
-        )
+        request = self.request(full)
         try:
             async with grpc.aio.insecure_channel(address) as channel:
                 stub = broker_pb2_grpc.BrokerStub(channel)
@@ -149,6 +169,15 @@ class ConfigSync:
         self.last_sync_ms = now_ms()
         return True
 
+    def request(self, full: bool) -> Any:
+        """What this slave asks with: the versions it holds, and its offsets to hand back."""
+        return broker_pb2.SyncConfigRequest(
+            topics_version=version_proto(self.topics.data_version),
+            groups_version=version_proto(self.groups.data_version),
+            full=full,
+            offsets=offset_protos(self.offsets.entries()),
+        )
+
     def apply(self, response: Any) -> bool:
         """Store what the master sent (file writes: called off the event loop); returns whether
         the topics changed."""
@@ -165,13 +194,11 @@ class ConfigSync:
             groups, version_of(response.groups_version)
         ):
             log.info("config sync: %d subscription groups from the master", len(response.groups))
-        merged = self.offsets.merge(
-            CommittedOffset(o.group, o.topic, o.queue_id, o.offset, o.commit_timestamp_ms)
-            for o in response.offsets
-        )
+        merged = self.offsets.merge(offsets_of(response.offsets))
         if merged.kept != self._kept:
-            # Logged when it changes, not every sync: a kept offset stays kept until the master
-            # learns a newer one.
+            # Logged when it changes, not every sync: the master had just taken them with the
+            # request, so a count here means a commit on the master raced this sync or the
+            # master refused them (an older tidemq).
             log.info(
                 "config sync: %d local consumer offsets are newer than the master's and kept",
                 merged.kept,

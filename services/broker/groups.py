@@ -18,7 +18,10 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
 from tidemq.services.broker.topics import DataVersion
-from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage import state_file
+from tidemq.storage.atomic_file import write_json_atomic
+
+FILE_NAME = "subscriptionGroup.json"
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,29 @@ class SubscriptionGroup:
     created_ms: int = 0
 
 
+@dataclass(frozen=True)
+class GroupsFile:
+    """The shape of subscriptionGroup.json."""
+
+    groups: list[SubscriptionGroup]
+    data_version: DataVersion = field(default_factory=DataVersion)
+
+
+def fix_hint(store_dir: str) -> str:
+    return (
+        f"`tidemq broker repair-state --store {store_dir} --from-peer HOST:PORT` copies the "
+        f"groups of a running broker of the group, or `--reset groups` starts with none (each "
+        f"group is recorded again at its consumers' next heartbeat); either keeps the bad file "
+        f"as {FILE_NAME}.corrupt-<time>"
+    )
+
+
+def load_groups(store_dir: str) -> GroupsFile | None:
+    """The stored groups (None when none were ever written); StateFileError when damaged."""
+    path = os.path.join(store_dir, "config", FILE_NAME)
+    return state_file.load(path, GroupsFile, fix_hint(store_dir))
+
+
 @dataclass
 class SubscriptionGroupManager:
     store_dir: str
@@ -36,14 +62,12 @@ class SubscriptionGroupManager:
     data_version: DataVersion = field(default_factory=DataVersion)
 
     def __post_init__(self) -> None:
-        self.path = os.path.join(self.store_dir, "config", "subscriptionGroup.json")
+        self.path = os.path.join(self.store_dir, "config", FILE_NAME)
         self._lock = threading.Lock()
-        raw = read_json_with_fallback(self.path)
-        if raw:
-            for g in raw.get("groups", []):
-                sg = SubscriptionGroup(g["group"], g["mode"], tuple(g["topics"]), g["created_ms"])
-                self.groups[sg.group] = sg
-            self.data_version = DataVersion(**raw.get("data_version", {}))
+        stored = load_groups(self.store_dir)
+        if stored is not None:
+            self.groups = {g.group: g for g in stored.groups}
+            self.data_version = stored.data_version
 
     def observe(self, group: str, mode: int, topics: Iterable[str], now_ms: int) -> bool:
         """A heartbeat's membership; returns whether the table changed (and was written)."""

@@ -3,26 +3,48 @@
 Commits land in memory at once and reach disk atomically every ``flush_interval`` (5 s, the
 broker's scheduler calls ``persist``) and at shutdown, as RocketMQ's ConsumerOffsetManager.
 
-Every offset carries the wall-clock time its commit was taken. A slave merges its master's table
-by that time (``merge``): an offset committed on the slave while the master was away is newer
-than the master's and survives the master's return (RocketMQ #1094, where the master's stale
-table overwrote it).
+Brokers of a group exchange their tables both ways (config sync, ``merge``) and must agree
+without trusting each other's clocks (RocketMQ #1094). Each offset carries a version,
+``(generation, offset)``: a consumer's commit only moves the offset forward within its
+generation; an explicit reset (the admin's reset, ``reset=True``) starts the next generation,
+where the offset may be anything. A merge keeps the higher version, so a committed offset never
+moves backwards except by a reset, whichever broker took the commit and in whatever order the
+tables meet (the merge is commutative, associative and idempotent).
 
-File format (RocketMQ's ``offsetTable`` plus our commit times; files without
-``commitTimestamps`` load with time 0, so any synced offset replaces them)::
+File format (RocketMQ's ``offsetTable``, plus the generation of every queue that was reset;
+a queue without one is at generation 0)::
 
     {"offsetTable": {"topic@group": {"0": 42}},
-     "commitTimestamps": {"topic@group": {"0": 1700000000000}}}
+     "resetGenerations": {"topic@group": {"0": 1}}}
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage import state_file
+from tidemq.storage.atomic_file import write_json_atomic
+from tidemq.storage.state_file import ShapeError
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "consumerOffset.json"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class OffsetVersion:
+    generation: int  # explicit resets of this queue's offset so far
+    offset: int
+
+
+def supersedes(candidate: OffsetVersion, current: OffsetVersion | None) -> bool:
+    """Whether ``candidate`` replaces ``current``: a later generation, or the same generation
+    further on. The one merge rule of committed offsets; no clock takes part."""
+    return current is None or candidate > current
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,52 +53,102 @@ class CommittedOffset:
     topic: str
     queue_id: int
     offset: int
-    commit_timestamp_ms: int
+    generation: int = 0
+
+    @property
+    def version(self) -> OffsetVersion:
+        return OffsetVersion(self.generation, self.offset)
 
 
 @dataclass(frozen=True, slots=True)
 class MergeResult:
-    taken: int  # entries the master's table set or moved
-    kept: int  # local entries newer than the master's, kept
+    taken: int  # entries the other broker's table set or moved forward here
+    kept: int  # local entries ahead of the other broker's (it takes them in its turn)
+
+
+@dataclass(frozen=True)
+class OffsetFile:
+    """The shape of consumerOffset.json."""
+
+    offset_table: dict[str, dict[int, int]] = field(metadata={"key": "offsetTable"})
+    generations: dict[str, dict[int, int]] = field(
+        default_factory=dict, metadata={"key": "resetGenerations"}
+    )
+
+    def __post_init__(self) -> None:
+        for name, table in (
+            ("offsetTable", self.offset_table),
+            ("resetGenerations", self.generations),
+        ):
+            for key, queues in table.items():
+                if "@" not in key:
+                    raise ShapeError(f"{name}[{key!r}]", "a 'topic@group' key", key)
+                for q, n in queues.items():
+                    if n < 0 or q < 0:
+                        raise ShapeError(f"{name}[{key!r}][{str(q)!r}]", "a number >= 0", n)
+
+
+def fix_hint(store_dir: str) -> str:
+    return (
+        f"`tidemq broker repair-state --store {store_dir} --from-peer HOST:PORT` copies the "
+        f"offsets of a running broker of the group, or `--reset offsets` starts with none "
+        f"(consumers then start where their start_from says); either keeps the bad file as "
+        f"{FILE_NAME}.corrupt-<time>"
+    )
+
+
+def load_offsets(store_dir: str) -> OffsetFile | None:
+    """The stored table (None when the broker never wrote one); StateFileError when damaged."""
+    path = os.path.join(store_dir, "config", FILE_NAME)
+    return state_file.load(path, OffsetFile, fix_hint(store_dir))
 
 
 class OffsetManager:
     def __init__(self, store_dir: str) -> None:
-        self.path = os.path.join(store_dir, "config", "consumerOffset.json")
+        self.path = os.path.join(store_dir, "config", FILE_NAME)
         self._lock = threading.Lock()
         # "topic@group" -> queue id -> next offset to consume
         self.table: dict[str, dict[int, int]] = {}
-        # "topic@group" -> queue id -> commit time (ms since the epoch)
-        self.stamps: dict[str, dict[int, int]] = {}
+        # "topic@group" -> queue id -> reset generation (absent: 0)
+        self.generations: dict[str, dict[int, int]] = {}
         self._dirty = False
-        raw = read_json_with_fallback(self.path)
-        if raw:
-            self.table = {
-                key: {int(q): int(o) for q, o in queues.items()}
-                for key, queues in raw.get("offsetTable", {}).items()
-            }
-            self.stamps = {
-                key: {int(q): int(t) for q, t in queues.items()}
-                for key, queues in raw.get("commitTimestamps", {}).items()
-            }
+        stored = load_offsets(store_dir)
+        if stored is not None:
+            self.table = {k: dict(v) for k, v in stored.offset_table.items()}
+            self.generations = {k: dict(v) for k, v in stored.generations.items() if v}
 
     @staticmethod
     def key(topic: str, group: str) -> str:
         return f"{topic}@{group}"
 
+    def _version(self, key: str, queue_id: int) -> OffsetVersion | None:
+        offset = self.table.get(key, {}).get(queue_id)
+        if offset is None:
+            return None
+        return OffsetVersion(self.generations.get(key, {}).get(queue_id, 0), offset)
+
+    def _set(self, key: str, queue_id: int, version: OffsetVersion) -> None:
+        self.table.setdefault(key, {})[queue_id] = version.offset
+        if version.generation:
+            self.generations.setdefault(key, {})[queue_id] = version.generation
+        self._dirty = True
+
     def commit(
-        self, group: str, topic: str, queue_id: int, offset: int, now_ms: int, reset: bool = False
+        self, group: str, topic: str, queue_id: int, offset: int, *, reset: bool = False
     ) -> int:
         """Record a commit; returns the queue's offset after it. Only a reset moves it back."""
         key = self.key(topic, group)
         with self._lock:
-            queues = self.table.setdefault(key, {})
-            current = queues.get(queue_id)
-            if current is not None and offset < current and not reset:
-                return current
-            queues[queue_id] = offset
-            self.stamps.setdefault(key, {})[queue_id] = now_ms
-            self._dirty = True
+            current = self._version(key, queue_id)
+            generation = current.generation if current is not None else 0
+            if reset:
+                self._set(key, queue_id, OffsetVersion(generation + 1, offset))
+                return offset
+            new = OffsetVersion(generation, offset)
+            if not supersedes(new, current):
+                assert current is not None
+                return current.offset
+            self._set(key, queue_id, new)
             return offset
 
     def query(self, group: str, topic: str, queue_id: int) -> int | None:
@@ -85,30 +157,24 @@ class OffsetManager:
     def entries(self) -> list[CommittedOffset]:
         with self._lock:
             return [
-                CommittedOffset(group, topic, q, o, self.stamps.get(key, {}).get(q, 0))
+                CommittedOffset(group, topic, q, o, self.generations.get(key, {}).get(q, 0))
                 for key, queues in self.table.items()
                 for topic, _, group in [key.partition("@")]
                 for q, o in queues.items()
             ]
 
-    def merge(self, remote: Iterable[CommittedOffset]) -> MergeResult:
-        """Take the master's offsets, except where the local commit is newer (the newer commit
-        wins; equal times take the master's, which then agrees everywhere)."""
+    def merge(self, other: Iterable[CommittedOffset]) -> MergeResult:
+        """Take another broker's offsets where they supersede ours (``supersedes``)."""
         taken = kept = 0
         with self._lock:
-            for r in remote:
+            for r in other:
                 key = self.key(r.topic, r.group)
-                stamps = self.stamps.setdefault(key, {})
-                queues = self.table.setdefault(key, {})
-                local_ts = stamps.get(r.queue_id)
-                if local_ts is not None and local_ts > r.commit_timestamp_ms:
-                    kept += 1
-                    continue
-                if queues.get(r.queue_id) != r.offset or local_ts != r.commit_timestamp_ms:
-                    queues[r.queue_id] = r.offset
-                    stamps[r.queue_id] = r.commit_timestamp_ms
-                    self._dirty = True
+                local = self._version(key, r.queue_id)
+                if supersedes(r.version, local):
+                    self._set(key, r.queue_id, r.version)
                     taken += 1
+                elif local != r.version:
+                    kept += 1
         return MergeResult(taken, kept)
 
     def persist(self) -> bool:
@@ -117,8 +183,10 @@ class OffsetManager:
             if not self._dirty:
                 return False
             snapshot = {k: {str(q): o for q, o in v.items()} for k, v in self.table.items()}
-            stamps = {k: {str(q): t for q, t in v.items()} for k, v in self.stamps.items()}
+            generations = {
+                k: {str(q): g for q, g in v.items()} for k, v in self.generations.items() if v
+            }
             self._dirty = False
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_json_atomic(self.path, {"offsetTable": snapshot, "commitTimestamps": stamps})
+        write_json_atomic(self.path, {"offsetTable": snapshot, "resetGenerations": generations})
         return True

@@ -20,6 +20,7 @@ from tidemq.protos import (
     nameserver_pb2_grpc,
     replication_pb2_grpc,
 )
+from tidemq.replication.epochs import EpochFile
 from tidemq.replication.slave_link import SlaveClient
 from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
@@ -72,6 +73,9 @@ class Broker:
         self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
         wire_retention_floors(self.store, lambda: self.replication, self.offsets)
+        if config.automatic:
+            # A damaged epoch file refuses start-up here, before the store opens (StateFileError).
+            EpochFile(config.store_dir)
         self.role = RoleState.for_config(
             config.role, config.broker_id, config.automatic, config.failover_lease_ms
         )

@@ -11,8 +11,10 @@ import threading
 from dataclasses import asdict, dataclass, field
 
 from tidemq.protos import common_pb2
-from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
+from tidemq.storage import state_file
+from tidemq.storage.atomic_file import write_json_atomic
 from tidemq.storage.clock import now_ms
+from tidemq.storage.errors import StoreError
 from tidemq.storage.record import validate_topic
 
 # Permission bits: the wire's Permission enum.
@@ -56,18 +58,49 @@ class DataVersion:
         self.timestamp_ms = now_ms()
 
 
+FILE_NAME = "topics.json"
+
+
+@dataclass(frozen=True)
+class TopicsFile:
+    """The shape of topics.json."""
+
+    topics: list[TopicConfig]
+    data_version: DataVersion = field(default_factory=DataVersion)
+
+    def __post_init__(self) -> None:
+        for i, t in enumerate(self.topics):
+            try:
+                t.validate()
+            except (ValueError, StoreError) as e:
+                raise ValueError(f"wrong shape: 'topics'[{i}] ({t.topic!r}): {e}") from None
+
+
+def fix_hint(store_dir: str) -> str:
+    return (
+        f"`tidemq broker repair-state --store {store_dir} --from-peer HOST:PORT` copies the "
+        f"topics of a running broker of the group, or `--reset topics` rebuilds them from the "
+        f"queues in the store (8 queues or the highest seen; permissions and attributes lost); "
+        f"either keeps the bad file as {FILE_NAME}.corrupt-<time>"
+    )
+
+
+def load_topics(store_dir: str) -> TopicsFile | None:
+    """The stored topics (None when none were ever written); StateFileError when damaged."""
+    path = os.path.join(store_dir, "config", FILE_NAME)
+    return state_file.load(path, TopicsFile, fix_hint(store_dir))
+
+
 class TopicManager:
     def __init__(self, store_dir: str) -> None:
-        self.path = os.path.join(store_dir, "config", "topics.json")
+        self.path = os.path.join(store_dir, "config", FILE_NAME)
         self._lock = threading.Lock()
         self.topics: dict[str, TopicConfig] = {}
         self.data_version = DataVersion()
-        raw = read_json_with_fallback(self.path)
-        if raw:
-            for t in raw.get("topics", []):
-                cfg = TopicConfig(**t)
-                self.topics[cfg.topic] = cfg
-            self.data_version = DataVersion(**raw.get("data_version", {}))
+        stored = load_topics(store_dir)
+        if stored is not None:
+            self.topics = {t.topic: t for t in stored.topics}
+            self.data_version = stored.data_version
 
     def _persist(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)

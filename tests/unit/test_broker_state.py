@@ -49,8 +49,8 @@ def test_bad_topic_name_is_refused(tmp_path: Path) -> None:
 
 def test_offsets_survive_a_restart_after_persist(tmp_path: Path) -> None:
     om = OffsetManager(str(tmp_path))
-    om.commit("g", "orders", 0, 42, 1000)
-    om.commit("g", "orders", 1, 7, 1000)
+    om.commit("g", "orders", 0, 42)
+    om.commit("g", "orders", 1, 7)
     assert om.persist() and not om.persist()  # nothing new the second time
     again = OffsetManager(str(tmp_path))
     assert again.query("g", "orders", 0) == 42
@@ -60,12 +60,12 @@ def test_offsets_survive_a_restart_after_persist(tmp_path: Path) -> None:
 
 def test_a_consumer_commit_never_moves_an_offset_back_but_a_reset_does(tmp_path: Path) -> None:
     om = OffsetManager(str(tmp_path))
-    assert om.commit("g", "orders", 0, 42, 1000) == 42
+    assert om.commit("g", "orders", 0, 42) == 42
     # A member that lost the queue in a rebalance commits its older position late.
-    assert om.commit("g", "orders", 0, 30, 2000) == 42
+    assert om.commit("g", "orders", 0, 30) == 42
     assert om.query("g", "orders", 0) == 42
-    assert om.commit("g", "orders", 0, 50, 3000) == 50
-    assert om.commit("g", "orders", 0, 0, 4000, reset=True) == 0
+    assert om.commit("g", "orders", 0, 50) == 50
+    assert om.commit("g", "orders", 0, 0, reset=True) == 0
     assert om.query("g", "orders", 0) == 0
 
 

@@ -1,5 +1,5 @@
 """Config sync between master and slave, without sockets: what the master sends for the
-versions a slave holds, and how the slave applies it (offsets newer-wins, RocketMQ #1094)."""
+versions a slave holds, and how both sides merge offsets (by version, RocketMQ #1094)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,8 @@ class Broker:
         self.offsets = OffsetManager(str(root))
 
     def answer(self, slave: Broker, *, full: bool = False) -> Any:
-        request = broker_pb2.SyncConfigRequest(
-            topics_version=config_sync.version_proto(slave.topics.data_version),
-            groups_version=config_sync.version_proto(slave.groups.data_version),
-            full=full,
-        )
+        """This broker's answer to ``slave``'s sync request (which carries its offsets)."""
+        request = syncer(slave, []).request(full)
         return config_sync.answer(request, self.topics, self.groups, self.offsets, topic_proto)
 
 
@@ -40,7 +37,7 @@ def test_slave_gets_topics_groups_and_offsets_then_only_what_changed(tmp_path: P
     master, slave = Broker(tmp_path / "m"), Broker(tmp_path / "s")
     master.topics.upsert(TopicConfig("orders", 4, 4))
     master.groups.observe("billing", broker_pb2.CLUSTERING, ["orders"], now_ms=10)
-    master.offsets.commit("billing", "orders", 0, 42, now_ms=100)
+    master.offsets.commit("billing", "orders", 0, 42)
     changed: list[int] = []
     sync = syncer(slave, changed)
 
@@ -63,36 +60,84 @@ def test_slave_gets_topics_groups_and_offsets_then_only_what_changed(tmp_path: P
     assert slave.topics.all() == []
 
 
-def test_a_newer_offset_committed_on_the_slave_survives_the_masters_older_one(
+def test_offsets_committed_on_the_slave_while_the_master_was_away_reach_the_master(
     tmp_path: Path,
 ) -> None:
+    """Static master/slave, RocketMQ #1094: the master dies, consumers commit on the slave, the
+    master returns with its old table. The slave's next sync hands the newer offsets back, and
+    neither side moves an offset backwards."""
     master, slave = Broker(tmp_path / "m"), Broker(tmp_path / "s")
-    master.offsets.commit("g", "orders", 0, 100, now_ms=1_000)
-    master.offsets.commit("g", "orders", 1, 100, now_ms=1_000)
+    master.offsets.commit("g", "orders", 0, 100)
+    master.offsets.commit("g", "orders", 1, 100)
     sync = syncer(slave, [])
     sync.apply(master.answer(slave))
     # The master is away; the consumer reads from the slave and commits there.
-    slave.offsets.commit("g", "orders", 0, 250, now_ms=5_000)
-    # The master returns with its old table: queue 0 keeps the slave's newer commit.
+    slave.offsets.commit("g", "orders", 0, 250)
+    # The master returns with its old table; the slave's sync carries its own.
     sync.apply(master.answer(slave))
-    assert slave.offsets.query("g", "orders", 0) == 250
-    assert slave.offsets.query("g", "orders", 1) == 100
-    # A commit on the master after that one is newer still, and wins.
-    master.offsets.commit("g", "orders", 0, 300, now_ms=9_000)
+    for b in (master, slave):
+        assert b.offsets.query("g", "orders", 0) == 250
+        assert b.offsets.query("g", "orders", 1) == 100
+    # The consumer moves back to the master and commits further there: that wins everywhere.
+    master.offsets.commit("g", "orders", 0, 300)
     sync.apply(master.answer(slave))
     assert slave.offsets.query("g", "orders", 0) == 300
 
 
+def test_an_old_master_returning_as_a_slave_takes_the_newer_offsets_and_keeps_none_older(
+    tmp_path: Path,
+) -> None:
+    """Automatic failover: the old master's table is older than the new master's; syncing from
+    the new master, it sends its offsets along but the new master keeps its own, and the old
+    master ends with the new master's."""
+    old, new = Broker(tmp_path / "old"), Broker(tmp_path / "new")
+    old.offsets.commit("g", "orders", 0, 100)
+    syncer(new, []).apply(old.answer(new))  # the new master was once the old one's slave
+    new.offsets.commit("g", "orders", 0, 180)  # consumers commit on the new master
+    new.offsets.commit("g", "orders", 1, 5)
+    syncer(old, []).apply(new.answer(old))  # the old master returns as the new one's slave
+    for b in (old, new):
+        assert b.offsets.query("g", "orders", 0) == 180
+        assert b.offsets.query("g", "orders", 1) == 5
+
+
+def test_a_reset_on_the_master_replaces_a_higher_offset_on_the_slave_in_both_directions(
+    tmp_path: Path,
+) -> None:
+    master, slave = Broker(tmp_path / "m"), Broker(tmp_path / "s")
+    master.offsets.commit("g", "orders", 0, 500)
+    sync = syncer(slave, [])
+    sync.apply(master.answer(slave))
+    slave.offsets.commit("g", "orders", 0, 600)  # a consumer on the slave, before the reset
+    master.offsets.commit("g", "orders", 0, 0, reset=True)  # the operator rewinds the group
+    sync.apply(master.answer(slave))
+    assert master.offsets.query("g", "orders", 0) == 0  # the slave's 600 did not undo it
+    assert slave.offsets.query("g", "orders", 0) == 0
+    # After the reset, commits move forward from it as usual (in its generation).
+    assert slave.offsets.commit("g", "orders", 0, 600) == 600
+    sync.apply(master.answer(slave))
+    assert master.offsets.query("g", "orders", 0) == 600
+    # A second reset starts generation 2 and again wins over everything older.
+    master.offsets.commit("g", "orders", 0, 7, reset=True)
+    sync.apply(master.answer(slave))
+    assert (master.offsets.query("g", "orders", 0), slave.offsets.query("g", "orders", 0)) == (
+        7,
+        7,
+    )
+
+
 def test_merge_counts_and_survives_a_restart(tmp_path: Path) -> None:
     om = OffsetManager(str(tmp_path))
-    om.commit("g", "t", 0, 5, now_ms=50)
-    result = om.merge([CommittedOffset("g", "t", 0, 3, 40), CommittedOffset("g", "t", 1, 9, 60)])
+    om.commit("g", "t", 0, 5)
+    om.commit("g", "t", 2, 9, reset=True)
+    result = om.merge([CommittedOffset("g", "t", 0, 3), CommittedOffset("g", "t", 1, 9)])
     assert (result.taken, result.kept) == (1, 1)
     assert om.persist()
     again = OffsetManager(str(tmp_path))
     assert sorted(again.entries(), key=lambda o: o.queue_id) == [
-        CommittedOffset("g", "t", 0, 5, 50),
-        CommittedOffset("g", "t", 1, 9, 60),
+        CommittedOffset("g", "t", 0, 5),
+        CommittedOffset("g", "t", 1, 9),
+        CommittedOffset("g", "t", 2, 9, generation=1),
     ]
 
 

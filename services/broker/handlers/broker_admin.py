@@ -85,4 +85,6 @@ class BrokerAdminHandlers:
 
     @typed_errors
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return config_sync.answer(request, self.topics, self.groups, self.offsets, topic_proto)
+        return config_sync.answer(
+            request, self.topics, self.groups, self.offsets, topic_proto, caller=context.peer()
+        )

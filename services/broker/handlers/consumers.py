@@ -82,7 +82,6 @@ class ConsumerHandlers:
             request.topic,
             request.queue_id,
             request.offset,
-            now_ms(),
             reset=request.reset,
         )
         return broker_pb2.CommitOffsetResponse(offset=offset)
