@@ -219,6 +219,10 @@ class FailoverAgent(KazooLoopBridge):
             s.isr_max_lag_ms,
         )
         if isr == state.isr:
+            # The set in force may still be the union of an earlier write whose answer was lost
+            # (a timeout, yet ZooKeeper committed it): count whom ZooKeeper lists, or every
+            # SYNC send waits for a slave that left.
+            self.hooks.set_isr(isr)
             return
         # Joiners count for acknowledgements before the write; leavers stop after it.
         self.hooks.set_isr(state.isr | isr)

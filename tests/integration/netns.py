@@ -74,6 +74,11 @@ class Network:
     def observer_link(self) -> str:
         return f"{self.prefix}o"  # in the root namespace: at most 15 characters
 
+    @property
+    def observer_ip(self) -> str:
+        """The test process's address on the bridge."""
+        return self._address(OBSERVER_HOST)
+
     def _address(self, host: int) -> str:
         return str(self.subnet.network_address + host)
 
@@ -87,7 +92,7 @@ class Network:
         run("ip", "link", "add", link, "type", "veth", "peer", "name", "obs", "netns", self.hub)
         run("ip", "-n", self.hub, "link", "set", "obs", "master", "br0", "up")
         plen = self.subnet.prefixlen
-        run("ip", "addr", "add", f"{self._address(OBSERVER_HOST)}/{plen}", "dev", link)
+        run("ip", "addr", "add", f"{self.observer_ip}/{plen}", "dev", link)
         run("ip", "link", "set", link, "up")
 
     def add(self, name: str) -> Node:

@@ -21,7 +21,9 @@ from tests.integration.conftest import NameServerProcess
 from tests.integration.failover import LEASE_MS, SESSION_MS, Group, check_history
 from tests.integration.netns import network
 from tests.integration.partitioned import Clients, Cluster
+from tests.integration.zk_answer_cut import ZooKeeperAnswerCut
 from tests.waiting import wait_until
+from tidemq.services.broker.failover_znodes import GroupPaths, decode_state
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +184,37 @@ def test_a_master_that_reaches_only_zookeeper_keeps_the_group_and_acknowledges_n
     clients.wait_acknowledged(healed + 20)
     assert {(a.broker, a.epoch) for a in clients.acknowledged()[healed:]} == {(old_address, 1)}
     settle_and_check(cluster, group, clients)
+
+
+def test_a_master_that_never_hears_zookeeper_accept_its_in_sync_set_change_still_applies_it(
+    cluster: Cluster,
+) -> None:
+    """One slave is cut off from the master; the master drops it from the in-sync set, and
+    ZooKeeper's answer to that write is lost on the way back (the master still reaches
+    ZooKeeper, so its session lives on). The write is committed: once the master hears from
+    ZooKeeper again it must wait for the slaves ZooKeeper lists, not for the dropped one, or
+    every SYNC send waits for a slave nobody counts any more."""
+    zk = cluster.start_zookeeper()
+    proxy = ZooKeeperAnswerCut(cluster.net.observer_ip, zk.hosts)
+    try:
+        # The brokers reach ZooKeeper through the proxy (the last --zk flag wins).
+        group = Group(cluster.start_broker, zk, ROOT, extra=("--zk", proxy.hosts))
+        ns = group.routed(cluster.start_nameserver, "orders", QUEUES)
+        clients = cluster.start_clients(ns, "orders")
+        clients.wait_acknowledged(20)
+        old = group.master()
+        cut_off, other = (i for i in (1, 2, 3) if i != old)
+        state = GroupPaths.of(ROOT, "DefaultCluster", group.name).state
+        answer_lost = proxy.cut_answers_after_write(cluster.net.nodes[node(old)].ip, state)
+        cluster.net.cut_both(node(old), node(cut_off))
+        wait_until(answer_lost.is_set, 30, "the master to write the in-sync set")
+        with zk.client() as zk_client:
+            assert decode_state(zk_client.get(state)[0]).isr == {old, other}
+        lost_at = time.monotonic()
+        clients.wait_acknowledged(len(clients.acknowledged()) + 20, timeout_s=20)
+        during = clients.acknowledged_sends_started_after(lost_at)
+        assert {(a.broker, a.epoch) for a in during} == {(group.brokers[old].address, 1)}
+        cluster.net.heal()
+        settle_and_check(cluster, group, clients)
+    finally:
+        proxy.close()
