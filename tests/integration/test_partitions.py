@@ -11,6 +11,7 @@ cut-off master stops.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -186,6 +187,29 @@ def test_a_master_that_reaches_only_zookeeper_keeps_the_group_and_acknowledges_n
     settle_and_check(cluster, group, clients)
 
 
+@contextlib.contextmanager
+def group_behind_answer_cut(
+    cluster: Cluster,
+) -> Iterator[tuple[Group, ZooKeeperAnswerCut, Clients, str]]:
+    """``running_group`` with the brokers reaching ZooKeeper through a ``ZooKeeperAnswerCut``
+    (the nameserver directly); also the path of the group's state znode."""
+    zk = cluster.start_zookeeper()
+    proxy = ZooKeeperAnswerCut(cluster.net.observer_ip, zk.hosts)
+    try:
+        # The last --zk flag wins.
+        group = Group(cluster.start_broker, zk, ROOT, extra=("--zk", proxy.hosts))
+        ns = group.routed(cluster.start_nameserver, "orders", QUEUES)
+        clients = cluster.start_clients(ns, "orders")
+        clients.wait_acknowledged(20)
+        yield group, proxy, clients, GroupPaths.of(ROOT, "DefaultCluster", group.name).state
+    finally:
+        proxy.close()
+
+
+def ip(cluster: Cluster, broker_id: int) -> str:
+    return cluster.net.nodes[node(broker_id)].ip
+
+
 def test_a_master_that_never_hears_zookeeper_accept_its_in_sync_set_change_still_applies_it(
     cluster: Cluster,
 ) -> None:
@@ -194,21 +218,13 @@ def test_a_master_that_never_hears_zookeeper_accept_its_in_sync_set_change_still
     ZooKeeper, so its session lives on). The write is committed: once the master hears from
     ZooKeeper again it must wait for the slaves ZooKeeper lists, not for the dropped one, or
     every SYNC send waits for a slave nobody counts any more."""
-    zk = cluster.start_zookeeper()
-    proxy = ZooKeeperAnswerCut(cluster.net.observer_ip, zk.hosts)
-    try:
-        # The brokers reach ZooKeeper through the proxy (the last --zk flag wins).
-        group = Group(cluster.start_broker, zk, ROOT, extra=("--zk", proxy.hosts))
-        ns = group.routed(cluster.start_nameserver, "orders", QUEUES)
-        clients = cluster.start_clients(ns, "orders")
-        clients.wait_acknowledged(20)
+    with group_behind_answer_cut(cluster) as (group, proxy, clients, state):
         old = group.master()
         cut_off, other = (i for i in (1, 2, 3) if i != old)
-        state = GroupPaths.of(ROOT, "DefaultCluster", group.name).state
-        answer_lost = proxy.cut_answers_after_write(cluster.net.nodes[node(old)].ip, state)
+        answer_lost = proxy.cut_answers_after_write(state, ip(cluster, old))
         cluster.net.cut_both(node(old), node(cut_off))
         wait_until(answer_lost.is_set, 30, "the master to write the in-sync set")
-        with zk.client() as zk_client:
+        with group.zk.client() as zk_client:
             assert decode_state(zk_client.get(state)[0]).isr == {old, other}
         lost_at = time.monotonic()
         clients.wait_acknowledged(len(clients.acknowledged()) + 20, timeout_s=20)
@@ -216,5 +232,23 @@ def test_a_master_that_never_hears_zookeeper_accept_its_in_sync_set_change_still
         assert {(a.broker, a.epoch) for a in during} == {(group.brokers[old].address, 1)}
         cluster.net.heal()
         settle_and_check(cluster, group, clients)
-    finally:
-        proxy.close()
+
+
+def test_a_slave_that_never_hears_zookeeper_accept_its_election_lets_go_and_is_elected_again(
+    cluster: Cluster,
+) -> None:
+    """The master is killed; the slave that wins the election never hears ZooKeeper accept its
+    transaction (the answer is lost; it still reaches ZooKeeper, so its session, and the leader
+    znode the transaction created, live on). It must not wait forever for that leader znode to
+    go as if an earlier process of its own held it: it lets go, and the group elects again."""
+    with group_behind_answer_cut(cluster) as (group, proxy, clients, state):
+        old = group.master()
+        slaves = [i for i in (1, 2, 3) if i != old]
+        answer_lost = proxy.cut_answers_after_write(state, *(ip(cluster, i) for i in slaves))
+        group.kill(old)
+        wait_until(answer_lost.is_set, 30, "a slave to write its election")
+        new = group.master(timeout_s=30, not_id=old)
+        assert group.failover(new).group_epoch >= 3, "the lost election was not the last one"
+        clients.wait_acknowledged(len(clients.acknowledged()) + 20)
+        group.start(old)
+        settle_and_check(cluster, group, clients)

@@ -7,8 +7,10 @@ between a read and the write that follows it a millisecond later.
 The proxy reads ZooKeeper's framing only as far as it needs: each packet is a 4-byte big-endian
 length and a body; after the connect handshake a request body starts with its xid and opcode
 (setData: 5, then the path as a length-prefixed string) and an answer body with the xid it
-answers. Once the armed write's answer comes back, that connection's answers are dropped until
-the client gives up on it; a new connection passes everything.
+answers. A multi (opcode 14, a transaction) is matched by the path of its first operation,
+after that operation's 9-byte header. Once the armed write's answer comes back, that
+connection's answers are dropped until the client gives up on it; a new connection passes
+everything.
 """
 
 from __future__ import annotations
@@ -21,6 +23,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 SET_DATA = 5
+MULTI = 14
+
+
+def written_path(body: bytes) -> str | None:
+    """The path a request body writes (a transaction: its first operation's), or None."""
+    if len(body) < 8:
+        return None
+    opcode = struct.unpack(">i", body[4:8])[0]
+    at = {SET_DATA: 8, MULTI: 17}.get(opcode)
+    if at is None or len(body) < at + 4:
+        return None
+    (n,) = struct.unpack(">i", body[at : at + 4])
+    return body[at + 4 : at + 4 + n].decode(errors="replace")
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes | None:
@@ -57,7 +72,7 @@ def _end(*sockets: socket.socket) -> None:
 
 @dataclass
 class _Armed:
-    client_ip: str
+    client_ips: frozenset[str]
     path: str
     cut: threading.Event = field(default_factory=threading.Event)
     xid: int | None = None  # of the matching write, once it has passed
@@ -76,10 +91,11 @@ class ZooKeeperAnswerCut:
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True, name="zk-answer-cut").start()
 
-    def cut_answers_after_write(self, client_ip: str, path: str) -> threading.Event:
-        """Arm: the next setData of ``path`` from ``client_ip`` passes; from its answer on,
-        that connection hears nothing more. The event is set when the answer is dropped."""
-        armed = _Armed(client_ip, path)
+    def cut_answers_after_write(self, path: str, *client_ips: str) -> threading.Event:
+        """Arm: the next write of ``path`` (a setData, or a transaction that starts with it)
+        from one of ``client_ips`` passes; from its answer on, that connection hears nothing
+        more. The event is set when the answer is dropped."""
+        armed = _Armed(frozenset(client_ips), path)
         with self._lock:
             self._armed = armed
         return armed.cut
@@ -118,18 +134,12 @@ class ZooKeeperAnswerCut:
     ) -> None:
         first = True
         for raw, body in _packets(client):
-            if not first and len(body) >= 12:
-                xid, opcode, path_len = struct.unpack(">iii", body[:12])
-                path = body[12 : 12 + path_len].decode(errors="replace")
+            path = None if first else written_path(body)
+            if path is not None:
                 with self._lock:
                     armed = self._armed
-                    if (
-                        armed is not None
-                        and opcode == SET_DATA
-                        and armed.client_ip == ip
-                        and armed.path == path
-                    ):
-                        armed.xid = xid
+                    if armed is not None and ip in armed.client_ips and armed.path == path:
+                        armed.xid = struct.unpack(">i", body[:4])[0]
                         mine.append(armed)
                         self._armed = None
             first = False
