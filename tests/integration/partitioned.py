@@ -171,13 +171,15 @@ class Cluster:
     def stop(self, request: pytest.FixtureRequest) -> None:
         """Heal, stop the clients, the brokers and the nameserver (SIGTERM, each in time), then
         ZooKeeper."""
-        self.net.heal()
         try:
-            for c in self.clients:
-                if c.proc.poll() is None:
-                    c.proc.kill()
-                    c.proc.wait()
-            stop_all(self.started, request)
+            self.net.heal()
         finally:
-            if self.zk is not None:
-                self.zk.stop()
+            try:
+                for c in self.clients:
+                    if c.proc.poll() is None:
+                        c.proc.kill()
+                        c.proc.wait()
+                stop_all(self.started, request)
+            finally:
+                if self.zk is not None:
+                    self.zk.stop()
