@@ -7,6 +7,10 @@ and the group settles (``failover.check_history``): no two brokers of the group 
 writes in one epoch, and every SEND_OK message is readable from the group's master. Each test
 also checks what the partition itself should do: who acknowledges during it, and how soon the
 cut-off master stops.
+
+The cuts are firewall rules between namespaces, per direction; the last two tests cut only
+ZooKeeper's answer to one write, right after it is committed (``zk_answer_cut``), which no rule
+can time.
 """
 
 from __future__ import annotations
