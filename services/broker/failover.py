@@ -219,6 +219,10 @@ class FailoverAgent(KazooLoopBridge):
             s.isr_max_lag_ms,
         )
         if isr == state.isr:
+            # The set in force may still be the union of an earlier write whose answer was lost
+            # (a timeout, yet ZooKeeper committed it): count whom ZooKeeper lists, or every
+            # SYNC send waits for a slave that left.
+            self.hooks.set_isr(isr)
             return
         # Joiners count for acknowledgements before the write; leavers stop after it.
         self.hooks.set_isr(state.isr | isr)
@@ -249,6 +253,13 @@ class FailoverAgent(KazooLoopBridge):
             if state is None or leader.epoch != state.epoch:
                 return  # a transaction always writes both: a torn view, read again
             if leader.broker_id == role.own_id:
+                if view.leader_owner == client.client_id[0]:
+                    # This very session won an election whose answer was lost (a timeout,
+                    # yet ZooKeeper committed it): nobody else will ever delete the znode.
+                    # Let go; the next election waits out a lease as any other does.
+                    log.warning("won epoch %d without hearing so: letting it go", leader.epoch)
+                    await self.release(client)
+                    return
                 # Our previous process's session, not yet expired: wait for it to go.
                 self.waiting_reason = "this broker's previous session still holds the leader"
                 return

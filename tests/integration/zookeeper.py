@@ -44,7 +44,7 @@ initLimit=10
 syncLimit=5
 dataDir={data_dir}
 clientPort={port}
-clientPortAddress=127.0.0.1
+clientPortAddress={host}
 maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=srvr,ruok,mntr,stat
@@ -90,10 +90,10 @@ def _free_port() -> int:
         return port
 
 
-def srvr(port: int, timeout_s: float = 1.0) -> str:
+def srvr(port: int, timeout_s: float = 1.0, host: str = "127.0.0.1") -> str:
     """The answer to the ``srvr`` four-letter command, or "" when nothing answers."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
             s.sendall(b"srvr")
             chunks = []
             while chunk := s.recv(4096):
@@ -105,15 +105,20 @@ def srvr(port: int, timeout_s: float = 1.0) -> str:
 
 @dataclass
 class ZooKeeperServer:
-    """One standalone server; ``stop`` and ``start`` again keep its data and port."""
+    """One standalone server; ``stop`` and ``start`` again keep its data and port.
+
+    ``host`` is the address it listens on; ``launcher`` prefixes its command line (``ip netns
+    exec NS`` runs it in a network namespace, as the partition tests do)."""
 
     directory: Path
     port: int
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    host: str = "127.0.0.1"
+    launcher: tuple[str, ...] = ()
 
     @property
     def hosts(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -131,10 +136,12 @@ class ZooKeeperServer:
         assert self.proc is None, "already running"
         (self.directory / "data").mkdir(parents=True, exist_ok=True)
         (self.directory / "zoo.cfg").write_text(
-            ZOO_CFG.format(tick_ms=TICK_MS, data_dir=self.directory / "data", port=self.port)
+            ZOO_CFG.format(
+                tick_ms=TICK_MS, data_dir=self.directory / "data", port=self.port, host=self.host
+            )
         )
         (self.directory / "log4j.properties").write_text(LOG4J.format(log_path=self.log_path))
-        command = java_command(self.directory)
+        command = [*self.launcher, *java_command(self.directory)]
         with (self.directory / "stdout.log").open("ab") as out:
             self.proc = subprocess.Popen(
                 command,
@@ -148,7 +155,7 @@ class ZooKeeperServer:
         def serving() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"ZooKeeper exited with {proc.returncode} while starting")
-            return "Mode: standalone" in srvr(self.port)
+            return "Mode: standalone" in srvr(self.port, host=self.host)
 
         try:
             wait_until(serving, timeout_s, "ZooKeeper to serve")
