@@ -70,7 +70,8 @@ verify-protos: venv
 test: system-deps lint typecheck verify-protos pytest
 
 # The integration tests start a real ZooKeeper from Debian's `zookeeper` package (jars only: it
-# starts no service), and the Spark tests a JVM (Java 17+). Installed here when missing, so
+# starts no service), the partition tests cut links between network namespaces (iproute2,
+# iptables), and the Spark tests a JVM (Java 17+). Installed here when missing, so
 # `make test` works on a fresh machine; the lock timeout waits out another apt run instead of
 # failing on its dpkg lock.
 ZK_JAR := /usr/share/java/zookeeper.jar
@@ -78,6 +79,8 @@ system-deps:
 	@missing=""; \
 	[ -e $(ZK_JAR) ] || missing=" zookeeper"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v iptables >/dev/null 2>&1 || missing="$$missing iptables"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" != 0 ]; then \
 			echo "missing:$$missing; run 'sudo apt-get install$$missing' (Debian/Ubuntu)"; exit 1; \
