@@ -33,6 +33,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--metrics-listen", help="HOST:PORT to serve Prometheus /metrics on (default: none)"
     )
     p.add_argument(
+        "--max-pull-response-bytes",
+        type=int,
+        metavar="N",
+        help="largest pull answer in record bytes; a larger record comes alone (default 4194304)",
+    )
+    p.add_argument(
         "--zk",
         dest="zk_hosts",
         metavar="HOSTS",
@@ -151,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "flush",
         "auto_create_topics",
         "register_interval_ms",
+        "max_pull_response_bytes",
         "zk_hosts",
         "zk_root",
         "zk_session_timeout_ms",

@@ -41,6 +41,10 @@ class BrokerConfig:
     long_poll_max_ms: int = 30_000
     max_batch_messages: int = 1024
     max_request_bytes: int = 64 << 20
+    # A pull (or a query by key) answers at most this many bytes of records, whatever the
+    # client asks; a single record larger than this still comes, alone. At most
+    # max_request_bytes, which is also gRPC's limit on what the broker sends.
+    max_pull_response_bytes: int = 4 << 20
     shutdown_grace_ms: int = 5_000
     # HOST:PORT of the Prometheus /metrics endpoint; empty serves none.
     metrics_listen: str = ""
@@ -102,12 +106,15 @@ class BrokerConfig:
             "long_poll_max_ms",
             "max_batch_messages",
             "max_request_bytes",
+            "max_pull_response_bytes",
             "default_queue_nums",
             "config_sync_interval_ms",
             "config_full_sync_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
+        if self.max_pull_response_bytes > self.max_request_bytes:
+            problems.append("max_pull_response_bytes must be <= max_request_bytes")
         if self.config_full_sync_interval_ms < self.config_sync_interval_ms:
             problems.append("config_full_sync_interval_ms must be >= config_sync_interval_ms")
         problems += self._zk_problems()

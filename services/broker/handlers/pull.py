@@ -65,7 +65,11 @@ class PullHandler:
         checks.check_queue(cfg, request.queue_id, for_write=False)
         tags = parse_tag_expression(request.tag_expression)
         max_n = min(request.max_messages or DEFAULT_PULL_MESSAGES, MAX_PULL_MESSAGES)
-        max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
+        # Whatever the client asks, an answer stays within the broker's cap (a single larger
+        # record still comes alone: ``get_messages`` always returns the first).
+        max_bytes = min(
+            request.max_bytes or DEFAULT_PULL_BYTES, self.config.max_pull_response_bytes
+        )
         wait_ms = min(request.long_poll_timeout_ms, self.config.long_poll_max_ms)
         deadline = time.monotonic() + wait_ms / 1000
         topic, qid = request.topic, request.queue_id
