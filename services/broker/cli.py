@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--max-inflight-requests-per-connection",
         type=int,
         metavar="N",
-        help="requests a client connection runs at once; the rest wait (default 8)",
+        help="requests a client connection runs at once; the rest wait (default 2)",
     )
     p.add_argument(
         "--max-inflight-bytes-per-connection",
