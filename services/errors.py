@@ -187,7 +187,7 @@ def _decode_in_handler(handler: Any) -> Any:
         return handler
 
     def encode_unless_encoded(response: Any) -> bytes:
-        # A handler may answer bytes it encoded itself (off the event loop, for a large answer).
+        # A handler may answer bytes it encoded itself (a pull encodes its answer in slices).
         return response if isinstance(response, bytes) else encode(response)
 
     async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:

@@ -1,6 +1,8 @@
 """Admission on the wire: a gRPC server interceptor that admits every unary call by its
-connection (``context.peer()``, one per client channel) before its handler runs, and the way a
-long poll steps aside while it waits for messages. The decisions are ``admission``'s.
+connection (``context.peer()``, one per client channel) before its handler runs and holds its
+place until the call is done, charges the connection's byte rate then (holding the connection
+back when it is over), and the ways a call gives its place up early: a long poll while it is
+parked, a send once its batch is stored. The decisions are ``admission``'s.
 
 What a call costs: its request bytes, and for a pull the bytes its answer may carry (the
 broker's cap on them included), since that is what it makes the broker build.
@@ -68,7 +70,7 @@ def _size(response: Any) -> int:
 
 
 class _Slot:
-    """The admission a call holds while its handler runs."""
+    """The place a call holds in its connection's admission, until the call is done."""
 
     def __init__(self, gate: AdmissionInterceptor, connection: str, cost: tuple[int, int]) -> None:
         self.gate = gate

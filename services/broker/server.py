@@ -345,7 +345,7 @@ async def serve(config: BrokerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     await broker.start()
     # What start-up built lives as long as the broker: out of the collector's sight, a full
-    # collection no longer walks it (it stalled every call for 10-30 ms under load).
+    # collection no longer walks it (under load that took 10-30 ms, every call waiting).
     gc.freeze()
     print(f"tidemq broker {config.broker_name} listening on {config.listen}", flush=True)
     await stop.wait()
