@@ -181,9 +181,14 @@ class _HandlerCapture:
 
 def _decode_in_handler(handler: Any) -> Any:
     decode = handler.request_deserializer
+    encode = handler.response_serializer
     behavior = handler.unary_unary
-    if decode is None or behavior is None:  # only unary calls are wrapped; none stream yet
+    if decode is None or encode is None or behavior is None:  # only unary calls; none stream yet
         return handler
+
+    def encode_unless_encoded(response: Any) -> bytes:
+        # A handler may answer bytes it encoded itself (a pull encodes its answer in slices).
+        return response if isinstance(response, bytes) else encode(response)
 
     async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -192,4 +197,8 @@ def _decode_in_handler(handler: Any) -> Any:
             await abort_with(context, invalid(f"the request is not a valid message: {e}"))
         return await behavior(request, context)
 
-    return handler._replace(request_deserializer=None, unary_unary=unary_unary)
+    return handler._replace(
+        request_deserializer=None,
+        response_serializer=encode_unless_encoded,
+        unary_unary=unary_unary,
+    )

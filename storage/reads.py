@@ -130,19 +130,31 @@ class StoreReader:
             raise MessageNotFoundError(f"message id {msg_id}: {e.reason}") from e
 
     def query_by_key(
-        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1, max_num: int = 32
+        self,
+        topic: str,
+        key: str,
+        begin_ms: int = 0,
+        end_ms: int = 2**63 - 1,
+        max_num: int = 32,
+        max_bytes: int | None = None,
     ) -> list[StoredMessage]:
-        """Messages of ``topic`` carrying ``key`` (KEYS or UNIQ_KEY) stored within the range."""
+        """Messages of ``topic`` carrying ``key`` (KEYS or UNIQ_KEY) stored within the range:
+        at most ``max_num``, and no more than ``max_bytes`` of records (None: no byte bound)
+        unless the first alone is larger."""
         if self._index is None:
             return []
         max_num = min(max_num, QUERY_MAX_NUM)
         out: list[StoredMessage] = []
+        total = 0
         for phy in self._index.query(topic, key, max_num * 2, begin_ms, end_ms):
             try:
                 msg = self.look_message(phy)
             except (OffsetBelowMinError, MessageNotFoundError, CorruptRecordError):
                 continue
             if msg.topic == topic and (key in msg.keys or msg.properties.get("UNIQ_KEY") == key):
+                total += msg.size
+                if out and max_bytes is not None and total > max_bytes:
+                    break
                 out.append(msg)
                 if len(out) >= max_num:
                     break

@@ -357,10 +357,16 @@ class MessageStore:
         return self._reader.get_message_by_id(msg_id)
 
     def query_by_key(
-        self, topic: str, key: str, begin_ms: int = 0, end_ms: int = 2**63 - 1, max_num: int = 32
+        self,
+        topic: str,
+        key: str,
+        begin_ms: int = 0,
+        end_ms: int = 2**63 - 1,
+        max_num: int = 32,
+        max_bytes: int | None = None,
     ) -> list[StoredMessage]:
-        """Messages of ``topic`` carrying ``key`` (KEYS or UNIQ_KEY) stored within the range."""
-        return self._reader.query_by_key(topic, key, begin_ms, end_ms, max_num)
+        """Messages of ``topic`` carrying ``key`` (``StoreReader.query_by_key`` says which)."""
+        return self._reader.query_by_key(topic, key, begin_ms, end_ms, max_num, max_bytes)
 
     def offset_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """First queue offset whose message was stored at or after ``timestamp_ms``."""

@@ -34,6 +34,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--metrics-listen", help="HOST:PORT to serve Prometheus /metrics on (default: none)"
     )
     p.add_argument(
+        "--max-pull-response-bytes",
+        type=int,
+        metavar="N",
+        help="largest pull answer in record bytes; a larger record comes alone (default 4194304)",
+    )
+    p.add_argument(
+        "--max-concurrent-rpcs",
+        type=int,
+        metavar="N",
+        help="requests running or waiting in the broker before BROKER_BUSY (default 4096)",
+    )
+    p.add_argument(
+        "--max-inflight-requests-per-connection",
+        type=int,
+        metavar="N",
+        help="requests a client connection runs at once; the rest wait (default 2)",
+    )
+    p.add_argument(
+        "--max-inflight-bytes-per-connection",
+        type=int,
+        metavar="N",
+        help="request and pull-answer bytes a connection runs at once (default 8388608)",
+    )
+    p.add_argument(
+        "--max-waiting-requests-per-connection",
+        type=int,
+        metavar="N",
+        help="requests a connection may have waiting before BROKER_BUSY (default 1024)",
+    )
+    p.add_argument(
+        "--max-waiting-bytes-per-connection",
+        type=int,
+        metavar="N",
+        help="request bytes a connection may have waiting before BROKER_BUSY (default 134217728)",
+    )
+    p.add_argument(
+        "--max-bytes-per-second-per-connection",
+        type=int,
+        metavar="N",
+        help="while others are active, hold back a connection moving more (default 0: no limit)",
+    )
+    p.add_argument(
         "--zk",
         dest="zk_hosts",
         metavar="HOSTS",
@@ -159,6 +201,13 @@ def run(args: argparse.Namespace) -> int:
         "flush",
         "auto_create_topics",
         "register_interval_ms",
+        "max_pull_response_bytes",
+        "max_concurrent_rpcs",
+        "max_inflight_requests_per_connection",
+        "max_inflight_bytes_per_connection",
+        "max_waiting_requests_per_connection",
+        "max_waiting_bytes_per_connection",
+        "max_bytes_per_second_per_connection",
         "zk_hosts",
         "zk_root",
         "zk_session_timeout_ms",

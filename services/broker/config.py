@@ -42,6 +42,25 @@ class BrokerConfig:
     long_poll_max_ms: int = 30_000
     max_batch_messages: int = 1024
     max_request_bytes: int = 64 << 20
+    # A pull (or a query by key) answers at most this many bytes of records, whatever the
+    # client asks; a single record larger than this still comes, alone. At most
+    # max_request_bytes, which is also gRPC's limit on what the broker sends.
+    max_pull_response_bytes: int = 4 << 20
+    # Admission (docs/operations.md, "Load limits"). Each client connection runs at most this
+    # many requests, and this many bytes of them (request bytes; for a pull, the answer it may
+    # get), at once; a request alone always runs. The rest wait their turn, up to the waiting
+    # bounds; past them, or past max_concurrent_rpcs requests running or waiting in the whole
+    # broker, a request is refused with the retriable BROKER_BUSY. Parked long polls count in
+    # none of these.
+    max_concurrent_rpcs: int = 4096
+    max_inflight_requests_per_connection: int = 2
+    max_inflight_bytes_per_connection: int = 8 << 20
+    max_waiting_requests_per_connection: int = 1024
+    max_waiting_bytes_per_connection: int = 128 << 20
+    # While other connections are active, a connection moving more bytes a second than this
+    # (requests in, answers out) is held back until it is under it again; alone on the broker
+    # it is never held back. 0: no byte rate limit.
+    max_bytes_per_second_per_connection: int = 0
     shutdown_grace_ms: int = 5_000
     # HOST:PORT of the Prometheus /metrics endpoint; empty serves none.
     metrics_listen: str = ""
@@ -103,12 +122,22 @@ class BrokerConfig:
             "long_poll_max_ms",
             "max_batch_messages",
             "max_request_bytes",
+            "max_pull_response_bytes",
+            "max_concurrent_rpcs",
+            "max_inflight_requests_per_connection",
+            "max_inflight_bytes_per_connection",
+            "max_waiting_requests_per_connection",
+            "max_waiting_bytes_per_connection",
             "default_queue_nums",
             "config_sync_interval_ms",
             "config_full_sync_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
+        if self.max_bytes_per_second_per_connection < 0:
+            problems.append("max_bytes_per_second_per_connection must be >= 0")
+        if self.max_pull_response_bytes > self.max_request_bytes:
+            problems.append("max_pull_response_bytes must be <= max_request_bytes")
         if self.config_full_sync_interval_ms < self.config_sync_interval_ms:
             problems.append("config_full_sync_interval_ms must be >= config_sync_interval_ms")
         problems += self._zk_problems()

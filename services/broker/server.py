@@ -6,6 +6,7 @@ abort file removed) and unregisters."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -22,6 +23,7 @@ from tidemq.protos import (
 )
 from tidemq.replication.epochs import EpochFile
 from tidemq.replication.slave_link import SlaveClient
+from tidemq.services.broker.admission_grpc import admission_interceptor
 from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
@@ -175,7 +177,8 @@ class Broker:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
-            ]
+            ],
+            interceptors=[admission_interceptor(cfg, self.metrics)],
         )
         add_servicer(broker_pb2_grpc.add_BrokerServicer_to_server, self.servicer, self.server)
         self.health = health.aio.HealthServicer()
@@ -357,6 +360,9 @@ async def serve(config: BrokerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await broker.start()
+    # What start-up built lives as long as the broker: out of the collector's sight, a full
+    # collection no longer walks it (under load that took 10-30 ms, every call waiting).
+    gc.freeze()
     print(f"tidemq broker {config.broker_name} listening on {config.listen}", flush=True)
     await stop.wait()
     await broker.stop()

@@ -37,6 +37,7 @@ class LookupHandlers:
             request.begin_timestamp_ms,
             end,
             request.max_messages or 32,
+            max_bytes=self.checks.config.max_pull_response_bytes,
         )
         return broker_pb2.QueryMessageResponse(messages=[to_proto(m) for m in found])
 

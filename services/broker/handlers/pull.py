@@ -12,17 +12,17 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2
-from tidemq.services.broker.convert import parse_tag_expression, to_proto
+from tidemq.services.broker.admission_grpc import stepped_aside
+from tidemq.services.broker.convert import parse_tag_expression
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.pull_answer import PullAnswer, PullRange, read_answer
 from tidemq.services.errors import invalid
 from tidemq.storage import MessageStore
-from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 MAX_PULL_MESSAGES = 1024
 DEFAULT_PULL_MESSAGES = 32
-DEFAULT_PULL_BYTES = 4 << 20
 
 
 class PullHandler:
@@ -44,17 +44,17 @@ class PullHandler:
 
     @typed_errors
     async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        response = await self._pull(request)
+        answer = await self._pull(request)
         if self.metrics is not None:
             self.metrics.pulled(
                 request.topic,
-                broker_pb2.PullStatus.Name(response.status),
-                len(response.messages),
-                sum(m.size for m in response.messages),
+                broker_pb2.PullStatus.Name(answer.status),
+                answer.messages,
+                answer.message_bytes,
             )
-        return response
+        return answer.encoded
 
-    async def _pull(self, request: Any) -> Any:
+    async def _pull(self, request: Any) -> PullAnswer:
         checks = self.checks
         checks.ensure_running()
         if request.offset < 0:
@@ -64,51 +64,39 @@ class PullHandler:
         cfg = checks.topic(request.topic, for_write=False)
         checks.check_queue(cfg, request.queue_id, for_write=False)
         tags = parse_tag_expression(request.tag_expression)
-        max_n = min(request.max_messages or DEFAULT_PULL_MESSAGES, MAX_PULL_MESSAGES)
-        max_bytes = request.max_bytes or DEFAULT_PULL_BYTES
+        # Whatever the client asks, an answer stays within the broker's cap (a single larger
+        # record still comes alone).
+        cap_bytes = self.config.max_pull_response_bytes
         wait_ms = min(request.long_poll_timeout_ms, self.config.long_poll_max_ms)
         deadline = time.monotonic() + wait_ms / 1000
         topic, qid = request.topic, request.queue_id
         while True:
             woken = self.waiters.register(topic, qid)
-            try:
-                cap = self._confirm_cap() if self._confirm_cap is not None else None
-                got = self.store.get_messages(
-                    topic, qid, request.offset, max_n, max_bytes, tags, max_commitlog_offset=cap
-                )
-            except OffsetBelowMinError as e:
-                return broker_pb2.PullMessageResponse(
-                    status=broker_pb2.OFFSET_TOO_SMALL,
-                    next_offset=e.min_offset,
-                    min_offset=e.min_offset,
-                    max_offset=self.store.max_offset(topic, qid),
-                )
-            except OffsetBeyondMaxError as e:
-                return broker_pb2.PullMessageResponse(
-                    status=broker_pb2.OFFSET_OVERFLOW,
-                    next_offset=e.max_offset,
-                    min_offset=self.store.min_offset(topic, qid),
-                    max_offset=e.max_offset,
-                )
-            if got.messages or got.next_offset > request.offset:
-                status = broker_pb2.FOUND if got.messages else broker_pb2.NO_MATCHED_MESSAGE
-                return broker_pb2.PullMessageResponse(
-                    status=status,
-                    messages=[to_proto(m) for m in got.messages],
-                    next_offset=got.next_offset,
-                    min_offset=got.min_offset,
-                    max_offset=got.max_offset,
-                )
+            want = PullRange(
+                topic,
+                qid,
+                request.offset,
+                min(request.max_messages or DEFAULT_PULL_MESSAGES, MAX_PULL_MESSAGES),
+                min(request.max_bytes or cap_bytes, cap_bytes),
+                tags,
+                self._confirm_cap() if self._confirm_cap is not None else None,
+            )
+            answer = await read_answer(self.store, want)
+            if answer is not None:
+                return answer
             remaining = deadline - time.monotonic()
             if remaining <= 0 or checks.shutting_down:
-                return broker_pb2.PullMessageResponse(
+                no_new = broker_pb2.PullMessageResponse(
                     status=broker_pb2.NO_NEW_MESSAGE,
                     next_offset=request.offset,
-                    min_offset=got.min_offset,
-                    max_offset=got.max_offset,
+                    min_offset=self.store.min_offset(topic, qid),
+                    max_offset=self.store.max_offset(topic, qid),
                 )
+                return PullAnswer(no_new.status, 0, 0, no_new.SerializeToString())
             metrics = self.metrics
             waiting = metrics.long_poll() if metrics is not None else contextlib.nullcontext()
-            with waiting, contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await woken.wait()
+            # A parked poll costs nothing: its connection's other calls run meanwhile.
+            async with stepped_aside():
+                with waiting, contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):
+                        await woken.wait()

@@ -15,6 +15,7 @@ import grpc
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
+from tidemq.services.broker.admission_grpc import work_done
 from tidemq.services.broker.config import BrokerRole
 from tidemq.services.broker.convert import SEND_STATUS, to_store_message
 from tidemq.services.broker.durability import send_status, waits_for_slaves
@@ -66,6 +67,7 @@ class SendHandler:
             checks.check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
         put = self.store.put_messages(batch)
+        work_done()  # what is left is waiting: the connection may run its next request
         if self.replication is not None:
             self.replication.notify_appended()
         flushed, replicated = await wait_durable(put, self.replication, self.role.role)
