@@ -17,13 +17,20 @@ ONE_MIB_FILES = (
     ' "index_slot_num": 10000, "index_max_num": 40000}'
 )
 GROUP = "group-a"
+# A slave of the group (broker id 1) that learns topic configs by config sync every 300 ms.
+SLAVE_FLAGS = ("--role", "SLAVE", "--broker-id", "1", "--config-sync-interval-ms", "300")
 QUEUES = 4
 BATCH = 500
 
 
 def start(
-    start_broker: StartBroker, ns: NameServerProcess, store: str, *flags: str
+    start_broker: StartBroker,
+    ns: NameServerProcess,
+    store: str,
+    *flags: str,
+    overrides: str = ONE_MIB_FILES,
 ) -> BrokerProcess:
+    """A broker of the group, registered with ``ns``, with ``overrides`` as its store settings."""
     return start_broker(
         "--nameserver",
         ns.address,
@@ -32,7 +39,7 @@ def start(
         "--register-interval-ms",
         "500",
         "--store-overrides",
-        ONE_MIB_FILES,
+        overrides,
         *flags,
         store=store,
     )
@@ -41,18 +48,7 @@ def start(
 def start_slave(
     start_broker: StartBroker, ns: NameServerProcess, *flags: str, topic: str = "orders"
 ) -> BrokerProcess:
-    slave = start(
-        start_broker,
-        ns,
-        "slave",
-        "--role",
-        "SLAVE",
-        "--broker-id",
-        "1",
-        "--config-sync-interval-ms",
-        "300",
-        *flags,
-    )
+    slave = start(start_broker, ns, "slave", *SLAVE_FLAGS, *flags)
     # Topic configs come from the master by config sync, as the data comes by replication.
     wait_until(lambda: topic in topic_names(slave), 30, f"the slave to learn topic {topic!r}")
     return slave

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 from tests.faults.powerloss import lose_power, powerloss_env
+from tests.integration import replicas
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.integration.replicas import (
-    GROUP,
-    ONE_MIB_FILES,
     QUEUES,
+    SLAVE_FLAGS,
     create_topic,
     pull_queue,
     send,
@@ -61,35 +61,14 @@ class PoweredGroup:
         with self.monkeypatch.context() as m:
             for key, value in env.items():
                 m.setenv(key, value)
-            return self.start_broker(
-                "--nameserver",
-                self.nameserver.address,
-                "--broker-name",
-                GROUP,
-                "--register-interval-ms",
-                "500",
-                "--store-overrides",
-                ONE_MIB_FILES,
-                *flags,
-                store=name,
-            )
+            return replicas.start(self.start_broker, self.nameserver, name, *flags)
 
     def boot_master(self) -> BrokerProcess:
         self.master = self._boot("master", "--role", "SYNC_MASTER", "--flush", "SYNC")
         return self.master
 
     def boot_slave(self) -> BrokerProcess:
-        self.slave = self._boot(
-            "slave",
-            "--role",
-            "SLAVE",
-            "--broker-id",
-            "1",
-            "--config-sync-interval-ms",
-            "300",
-            "--ha-slave-flush",
-            self.slave_flush,
-        )
+        self.slave = self._boot("slave", *SLAVE_FLAGS, "--ha-slave-flush", self.slave_flush)
         return self.slave
 
     def load_then_lose_power(self) -> int:

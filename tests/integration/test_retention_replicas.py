@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration import replicas
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.integration.replicas import (
-    GROUP,
     QUEUES,
+    SLAVE_FLAGS,
     create_topic,
     max_offset,
     status,
@@ -51,41 +52,21 @@ BY_AGE = {**FILES, "file_reserved_time_hours": 1 / 3600, "delete_when_hours": li
 def start_master(
     start_broker: StartBroker, ns: NameServerProcess, store: Mapping[str, object], *flags: str
 ) -> BrokerProcess:
-    master = start_broker(
-        "--nameserver",
-        ns.address,
-        "--broker-name",
-        GROUP,
-        "--register-interval-ms",
-        "500",
-        "--store-overrides",
-        json.dumps(store),
-        *flags,
-        store="master",
-    )
+    master = replicas.start(start_broker, ns, "master", *flags, overrides=json.dumps(store))
     create_topic(master)
     return master
 
 
 def start_slave(start_broker: StartBroker, ns: NameServerProcess, metrics: str) -> BrokerProcess:
-    slave = start_broker(
-        "--nameserver",
-        ns.address,
-        "--broker-name",
-        GROUP,
-        "--register-interval-ms",
-        "500",
-        "--role",
-        "SLAVE",
-        "--broker-id",
-        "1",
-        "--config-sync-interval-ms",
-        "300",
+    # The slave's own retention never runs: nothing of FILES is 72 hours old.
+    slave = replicas.start(
+        start_broker,
+        ns,
+        "slave",
+        *SLAVE_FLAGS,
         "--metrics-listen",
         metrics,
-        "--store-overrides",
-        json.dumps(FILES),  # the slave's own retention never runs: nothing is 72 hours old
-        store="slave",
+        overrides=json.dumps(FILES),
     )
     wait_until(lambda: "orders" in topic_names(slave), 30, "the slave to learn topic 'orders'")
     return slave

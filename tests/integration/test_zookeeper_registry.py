@@ -16,7 +16,7 @@ from tests.integration.conftest import (
     StartBroker,
     StartNameServer,
 )
-from tests.integration.replicas import topic_names
+from tests.integration.replicas import SLAVE_FLAGS, topic_names
 from tests.integration.zk_registry import (
     CLUSTER,
     RPC_TIMEOUT_S,
@@ -173,14 +173,7 @@ def test_slave_registered_only_in_zookeeper_finds_its_master_there(
         timeout=RPC_TIMEOUT_S,
     )
     slave = start_broker(
-        "--broker-name",
-        "broker-a",
-        "--role",
-        "SLAVE",
-        "--broker-id",
-        "1",
-        "--config-sync-interval-ms",
-        "300",
+        *("--broker-name", "broker-a", *SLAVE_FLAGS),
         *zk_flags(zookeeper, zk_root),
         store="broker-a-s1",
     )
