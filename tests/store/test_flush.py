@@ -122,7 +122,8 @@ def test_flush_failure_fails_waiters_and_the_store_stops_writing(tmp_path: Path)
     fault = DiskFault(tmp_path / "diskfault")
     child = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("flush_fault_child.py")), str(root)],
-        env=fault.env,
+        # The child imports tests.*: from the repository, whatever pytest's working directory.
+        env={**fault.env, "PYTHONPATH": str(Path(__file__).parents[2])},
         capture_output=True,
         text=True,
         timeout=60,
