@@ -21,13 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from tidemq.storage.crc import crc32
-from tidemq.storage.errors import OffsetBelowMinError
 from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.record import OK, RecordInfo
 
 MAX_FILE_PROBES = 64
-_READ_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,50 +48,17 @@ class LogView(Protocol):
         ...
 
 
-class CommitLogView:
-    """A LogView over a live CommitLog (read-only; safe beside the appending thread, which only
-    ever adds bytes past what this reads)."""
-
-    def __init__(self, commitlog: CommitLogReader) -> None:
-        self._cl = commitlog
-
-    @property
-    def min_offset(self) -> int:
-        return self._cl.min_offset
-
-    @property
-    def max_offset(self) -> int:
-        return self._cl.max_offset
-
-    def crc_of(self, offset: int, length: int) -> int | None:
-        if length <= 0 or offset < self._cl.min_offset or offset + length > self._cl.max_offset:
-            return None
-        crc = 0
-        end = offset + length
-        try:
-            while offset < end:
-                data = self._cl.read_raw(offset, min(_READ_BYTES, end - offset))
-                if not data:
-                    return None
-                crc = crc32(data, crc)
-                offset += len(data)
-        except OffsetBelowMinError:  # retention deleted the file while we read it
-            return None
-        return crc
-
-
 def slave_probes(commitlog: CommitLogReader, max_file_probes: int = MAX_FILE_PROBES) -> list[Probe]:
     """The probes a slave sends in its handshake (see the module docstring), newest first."""
     end = commitlog.max_offset
     bases = commitlog.file_base_offsets()
     if not bases or end <= commitlog.min_offset:
         return []
-    view = CommitLogView(commitlog)
     seen: set[tuple[int, int]] = set()
     probes: list[Probe] = []
 
     def add(offset: int, length: int) -> None:
-        crc = view.crc_of(offset, length)
+        crc = commitlog.crc_of(offset, length)
         if crc is not None and (offset, length) not in seen:
             seen.add((offset, length))
             probes.append(Probe(offset, length, crc))

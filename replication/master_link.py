@@ -34,7 +34,7 @@ from tidemq.replication.handshake import (
     decide_by_epochs,
     decide_handshake,
 )
-from tidemq.replication.log import CommitLogView, Probe
+from tidemq.replication.log import LogView, Probe
 from tidemq.replication.master import Drop, MasterTracker, Send, SendHeartbeat, SlaveLag
 from tidemq.storage import MessageStore
 from tidemq.storage.clock import monotonic_ms
@@ -70,7 +70,7 @@ def handshake_from_proto(m: Any) -> Handshake:
 
 
 def decide(
-    local: Identity, file_size: int, hs: Handshake, log: CommitLogView, epochs: EpochLog | None
+    local: Identity, file_size: int, hs: Handshake, log: LogView, epochs: EpochLog | None
 ) -> Accept | Refusal:
     """Epochs first (automatic failover), records otherwise."""
     by_epochs = decide_by_epochs(hs, epochs.entries if epochs else (), log)
@@ -231,7 +231,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
             self.identity,
             store.config.commitlog_file_size_bytes,
             hs,
-            CommitLogView(store.log),
+            store.log,
             self.epochs.log if self.epochs is not None else None,
         )
         who = f"{hs.identity.broker_name}/{hs.identity.broker_id} at {context.peer()}"

@@ -7,7 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from tidemq.storage.commitlog import CommitLog
+from tidemq.storage.crc import crc32
+from tidemq.storage.errors import OffsetBelowMinError
 from tidemq.storage.record import RecordInfo
+
+_CRC_READ_BYTES = 1 << 20
 
 
 class CommitLogReader:
@@ -44,3 +48,21 @@ class CommitLogReader:
         """The records from ``start`` (a record boundary) up to ``end``, as
         ``CommitLog.iter_records`` walks them; CRCs are checked from ``verify_from`` on."""
         return self._cl.iter_records(start, end, verify_from)
+
+    def crc_of(self, offset: int, length: int) -> int | None:
+        """CRC-32 of [offset, offset + length), or None when the log does not hold all of it
+        (replication compares a slave's bytes with its master's by these)."""
+        if length <= 0 or offset < self._cl.min_offset or offset + length > self._cl.max_offset:
+            return None
+        crc = 0
+        end = offset + length
+        try:
+            while offset < end:
+                data = self.read_raw(offset, min(_CRC_READ_BYTES, end - offset))
+                if not data:
+                    return None
+                crc = crc32(data, crc)
+                offset += len(data)
+        except OffsetBelowMinError:  # retention deleted the file while we read it
+            return None
+        return crc

@@ -62,7 +62,7 @@ class OffsetWatch:
                         if r.found:
                             with self._lock:
                                 self.seen.setdefault((name, q), []).append(int(r.offset))
-                time.sleep(POLL_INTERVAL_S)
+                self._stop.wait(POLL_INTERVAL_S)  # a sampling period; stop ends it at once
         finally:
             for c in channels.values():
                 c.close()

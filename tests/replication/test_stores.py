@@ -10,7 +10,7 @@ import pytest
 
 from tidemq.replication import Accept, Identity, MasterTracker, ReplicationConfig, SlaveSession
 from tidemq.replication.handshake import Handshake, decide_handshake
-from tidemq.replication.log import CommitLogView, slave_probes
+from tidemq.replication.log import slave_probes
 from tidemq.replication.master import Send
 from tidemq.storage import Message, MessageStore, PutStatus, StoreConfig
 
@@ -49,7 +49,7 @@ def replicate(master: MessageStore, slave: MessageStore) -> Accept:
         cl.max_offset,
         slave_probes(cl),
     )
-    decision = decide_handshake(Identity("c", "b", 0), FILE, hs, CommitLogView(master.log))
+    decision = decide_handshake(Identity("c", "b", 0), FILE, hs, master.log)
     assert isinstance(decision, Accept), decision
     session = SlaveSession(FILE, 5000, 20000, now_ms=0)
     cut = session.on_accepted(
