@@ -119,6 +119,56 @@ class BrokerStub:
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
                 response_deserializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.FromString,
                 _registered_method=True)
+        self.ReceiveMessage = channel.unary_unary(
+                '/tidemq.v1.Broker/ReceiveMessage',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ReceiveMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ReceiveMessageResponse.FromString,
+                _registered_method=True)
+        self.AckMessage = channel.unary_unary(
+                '/tidemq.v1.Broker/AckMessage',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.AckMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.AckMessageResponse.FromString,
+                _registered_method=True)
+        self.NackMessage = channel.unary_unary(
+                '/tidemq.v1.Broker/NackMessage',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.NackMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.NackMessageResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisibleDuration = channel.unary_unary(
+                '/tidemq.v1.Broker/ChangeInvisibleDuration',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ChangeInvisibleDurationRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ChangeInvisibleDurationResponse.FromString,
+                _registered_method=True)
+        self.DeadLetterMessage = channel.unary_unary(
+                '/tidemq.v1.Broker/DeadLetterMessage',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.DeadLetterMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.DeadLetterMessageResponse.FromString,
+                _registered_method=True)
+        self.GetConsumerGroup = channel.unary_unary(
+                '/tidemq.v1.Broker/GetConsumerGroup',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerGroupRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerGroupResponse.FromString,
+                _registered_method=True)
+        self.UpdateConsumerGroup = channel.unary_unary(
+                '/tidemq.v1.Broker/UpdateConsumerGroup',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.UpdateConsumerGroupRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.UpdateConsumerGroupResponse.FromString,
+                _registered_method=True)
+        self.ListConsumerGroups = channel.unary_unary(
+                '/tidemq.v1.Broker/ListConsumerGroups',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteConsumerGroup = channel.unary_unary(
+                '/tidemq.v1.Broker/DeleteConsumerGroup',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
+                _registered_method=True)
+        self.GetReceiveState = channel.unary_unary(
+                '/tidemq.v1.Broker/GetReceiveState',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -235,6 +285,77 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReceiveMessage(self, request, context):
+        """Receive/ack consumption (RocketMQ 5's pop; docs/consumption.md). Masters only.
+        Receive: up to max_messages messages, each invisible to the group's other members for
+        invisible_duration_ms, each with a receipt handle and its delivery attempt. Long polling.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AckMessage(self, request, context):
+        """Completes messages; one result per handle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NackMessage(self, request, context):
+        """Gives messages back: each is retried after the group's backoff for its attempt (or goes
+        to the dead-letter queue when its attempts are used up); one result per handle.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisibleDuration(self, request, context):
+        """Extends or shortens a message's invisibility from now; the old handle stops working.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeadLetterMessage(self, request, context):
+        """Moves a received message to the group's dead-letter queue at once (RocketMQ's
+        ForwardMessageToDeadLetterQueue).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConsumerGroup(self, request, context):
+        """Consumer group settings (RocketMQ's subscription group config).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateConsumerGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConsumerGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConsumerGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetReceiveState(self, request, context):
+        """In-flight figures of a receive group per queue (describe, metrics, the console).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -322,6 +443,56 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Switchover,
                     request_deserializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.FromString,
                     response_serializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.SerializeToString,
+            ),
+            'ReceiveMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveMessage,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ReceiveMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ReceiveMessageResponse.SerializeToString,
+            ),
+            'AckMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.AckMessage,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.AckMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.AckMessageResponse.SerializeToString,
+            ),
+            'NackMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.NackMessage,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.NackMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.NackMessageResponse.SerializeToString,
+            ),
+            'ChangeInvisibleDuration': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisibleDuration,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ChangeInvisibleDurationRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ChangeInvisibleDurationResponse.SerializeToString,
+            ),
+            'DeadLetterMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeadLetterMessage,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.DeadLetterMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.DeadLetterMessageResponse.SerializeToString,
+            ),
+            'GetConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConsumerGroup,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerGroupRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetConsumerGroupResponse.SerializeToString,
+            ),
+            'UpdateConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateConsumerGroup,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.UpdateConsumerGroupRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.UpdateConsumerGroupResponse.SerializeToString,
+            ),
+            'ListConsumerGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConsumerGroups,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ListConsumerGroupsRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ListConsumerGroupsResponse.SerializeToString,
+            ),
+            'DeleteConsumerGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConsumerGroup,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.DeleteConsumerGroupRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.DeleteConsumerGroupResponse.SerializeToString,
+            ),
+            'GetReceiveState': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReceiveState,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -783,6 +954,276 @@ class Broker:
             '/tidemq.v1.Broker/Switchover',
             tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
             tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/ReceiveMessage',
+            tidemq_dot_protos_dot_broker__pb2.ReceiveMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ReceiveMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AckMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/AckMessage',
+            tidemq_dot_protos_dot_broker__pb2.AckMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.AckMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NackMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/NackMessage',
+            tidemq_dot_protos_dot_broker__pb2.NackMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.NackMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisibleDuration(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/ChangeInvisibleDuration',
+            tidemq_dot_protos_dot_broker__pb2.ChangeInvisibleDurationRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ChangeInvisibleDurationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeadLetterMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/DeadLetterMessage',
+            tidemq_dot_protos_dot_broker__pb2.DeadLetterMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.DeadLetterMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/GetConsumerGroup',
+            tidemq_dot_protos_dot_broker__pb2.GetConsumerGroupRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/UpdateConsumerGroup',
+            tidemq_dot_protos_dot_broker__pb2.UpdateConsumerGroupRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.UpdateConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConsumerGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/ListConsumerGroups',
+            tidemq_dot_protos_dot_broker__pb2.ListConsumerGroupsRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ListConsumerGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConsumerGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/DeleteConsumerGroup',
+            tidemq_dot_protos_dot_broker__pb2.DeleteConsumerGroupRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.DeleteConsumerGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReceiveState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/GetReceiveState',
+            tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.FromString,
             options,
             channel_credentials,
             insecure,
