@@ -171,6 +171,7 @@ class Broker:
                 self.groups,
                 self.replication_status,
             )
+
         def receive_service(checks: BrokerChecks) -> ReceiveService:
             return ReceiveService(
                 cfg,

@@ -145,9 +145,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def NackMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._receive().NackMessage(request, context)
 
-    async def ChangeInvisibleDuration(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._receive().ChangeInvisibleDuration(request, context)
 
     async def DeadLetterMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -37,9 +37,7 @@ class ReceiveHandlers:
         return broker_pb2.NackMessageResponse(results=results)
 
     @typed_errors
-    async def ChangeInvisibleDuration(
-        self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         handle, until = await self.service.change_invisible_duration(
             request.group, request.topic, request.receipt_handle, request.invisible_duration_ms
         )

@@ -141,8 +141,14 @@ class ReceiveJournal:
         end = self.store.log.max_offset
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.store.wait_dispatched, end, 30.0)
-        while self.catch_up(CATCH_UP_CHUNK):
+        await self._catch_up_in_steps()
+
+    async def _catch_up_in_steps(self) -> None:
+        # A chunk per step of the loop: a long backlog does not hold up other calls.
+        applied = self.catch_up(CATCH_UP_CHUNK)
+        while applied:
             await asyncio.sleep(0)
+            applied = self.catch_up(CATCH_UP_CHUNK)
 
     # ------------------------------------------------------------------ following the log
     def listen(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -163,9 +169,8 @@ class ReceiveJournal:
             await self._behind.wait()
             self._behind.clear()
             try:
-                while self.catch_up(CATCH_UP_CHUNK):
-                    await asyncio.sleep(0)
-            except Exception:  # noqa: BLE001 - logged; the next dispatch tries again
+                await self._catch_up_in_steps()
+            except Exception:  # logged; the next dispatch tries again
                 log.exception("following the receive log failed")
 
     def catch_up(self, max_records: int | None = None) -> int:
@@ -196,7 +201,9 @@ class ReceiveJournal:
             event = decode_event(m.body)
         except EventFormatError as e:
             # Written by a newer broker, or damaged: skipping it keeps the rest in order.
-            log.error("receive log record at %d skipped: %s", m.phy_offset, e)
+            log.error(  # noqa: TRY400 - the reason is the message; no traceback helps
+                "receive log record at %d skipped: %s", m.phy_offset, e
+            )
         else:
             self._apply(event, m.phy_offset)
         self.mark = LogMark(m.queue_offset + 1, m.phy_offset, zlib.crc32(m.body))

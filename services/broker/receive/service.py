@@ -291,9 +291,7 @@ class ReceiveService:
             plan = q.plan_receive(
                 now,
                 req.max_messages - len(out),
-                QueueCandidates(
-                    store, topic, qid, tags, self.config.max_pull_response_bytes, cap
-                ),
+                QueueCandidates(store, topic, qid, tags, self.config.max_pull_response_bytes, cap),
                 fifo=settings.fifo,
                 max_attempts=attempts,
                 policy=policy,

@@ -13,6 +13,7 @@ Files are written atomically (temp file, fsync, rename, directory fsync); the ne
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -51,11 +52,7 @@ class LogMark:
 
 def encode(mark: LogMark, states: ReceiveStates) -> bytes:
     header = _HEADER.pack(_MAGIC, _VERSION, mark.next_offset, mark.last_phy, mark.last_crc)
-    return (
-        header
-        + _HEADER_CRC.pack(zlib.crc32(header))
-        + states.encode_snapshot(mark.next_offset)
-    )
+    return header + _HEADER_CRC.pack(zlib.crc32(header)) + states.encode_snapshot(mark.next_offset)
 
 
 def decode(data: bytes) -> tuple[LogMark, ReceiveStates]:
@@ -111,10 +108,8 @@ class SnapshotFiles:
             self.remove(old)
 
     def remove(self, position: int) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(position))
-        except FileNotFoundError:
-            pass
 
     def oldest(self) -> int | None:
         kept = self.positions()
