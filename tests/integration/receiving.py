@@ -22,7 +22,9 @@ FAST = ("--receive-min-invisible-ms", "50", "--revive-interval-ms", "100")
 def create_topic(b: BrokerProcess, topic: str = TOPIC, queues: int = 1) -> None:
     b.stub().CreateTopic(
         broker_pb2.CreateTopicRequest(
-            topic=common_pb2.TopicConfig(topic=topic, read_queue_nums=queues, write_queue_nums=queues)
+            topic=common_pb2.TopicConfig(
+                topic=topic, read_queue_nums=queues, write_queue_nums=queues
+            )
         ),
         timeout=10,
     )
@@ -30,7 +32,8 @@ def create_topic(b: BrokerProcess, topic: str = TOPIC, queues: int = 1) -> None:
 
 def send(b: BrokerProcess, bodies: Sequence[bytes], topic: str = TOPIC, queue_id: int = 0) -> None:
     msgs = [
-        common_pb2.Message(topic=topic, body=x, queue_id=queue_id, keys=[x.decode()]) for x in bodies
+        common_pb2.Message(topic=topic, body=x, queue_id=queue_id, keys=[x.decode()])
+        for x in bodies
     ]
     r = b.stub().SendMessage(broker_pb2.SendMessageRequest(messages=msgs), timeout=30)
     assert {x.status for x in r.results} == {broker_pb2.SEND_OK}
@@ -83,14 +86,18 @@ def receive_until(b: BrokerProcess, count: int, timeout_s: float = 20, **kw: Any
     return got
 
 
-def ack(b: BrokerProcess, handles: Sequence[str], group: str = GROUP, topic: str = TOPIC) -> list[Any]:
+def ack(
+    b: BrokerProcess, handles: Sequence[str], group: str = GROUP, topic: str = TOPIC
+) -> list[Any]:
     r = b.stub().AckMessage(
         broker_pb2.AckMessageRequest(group=group, topic=topic, receipt_handles=handles), timeout=30
     )
     return list(r.results)
 
 
-def nack(b: BrokerProcess, handles: Sequence[str], group: str = GROUP, topic: str = TOPIC) -> list[Any]:
+def nack(
+    b: BrokerProcess, handles: Sequence[str], group: str = GROUP, topic: str = TOPIC
+) -> list[Any]:
     r = b.stub().NackMessage(
         broker_pb2.NackMessageRequest(group=group, topic=topic, receipt_handles=handles), timeout=30
     )
@@ -112,16 +119,18 @@ def state(b: BrokerProcess, group: str = GROUP) -> Any:
 
 def codes(results: Sequence[Any]) -> list[str]:
     """Each HandleResult's outcome: "OK" or its ErrorCode name."""
-    return [common_pb2.ErrorCode.Name(r.error.code) if r.HasField("error") else "OK" for r in results]
+    return [
+        common_pb2.ErrorCode.Name(r.error.code) if r.HasField("error") else "OK" for r in results
+    ]
 
 
 def error_of(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, bool]:
     try:
         call()
     except grpc.RpcError as e:
-        detail = detail_from_metadata(e.trailing_metadata())  # type: ignore[attr-defined]
+        detail = detail_from_metadata(e.trailing_metadata())
         assert detail is not None, "every error carries its typed detail"
-        return e.code(), common_pb2.ErrorCode.Name(detail.code), detail.retriable  # type: ignore[attr-defined]
+        return e.code(), common_pb2.ErrorCode.Name(detail.code), detail.retriable
     raise AssertionError("the call succeeded")
 
 

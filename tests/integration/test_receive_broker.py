@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from tests.integration import replicas
-from tests.integration.conftest import NameServerProcess, StartBroker
+from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.integration.receiving import (
     FAST,
     GROUP,
@@ -141,7 +141,9 @@ def test_bad_handles_and_arguments_get_typed_errors_and_change_nothing(
     assert all(not r.error.retriable for r in results)
     # Another group's or another topic's call with this handle.
     assert codes(ack(b, [m1.receipt_handle], group="thieves")) == ["INVALID_RECEIPT_HANDLE"]
-    assert "handle of group 'workers'" in ack(b, [m1.receipt_handle], group="thieves")[0].error.message
+    assert (
+        "handle of group 'workers'" in ack(b, [m1.receipt_handle], group="thieves")[0].error.message
+    )
     assert codes(ack(b, [m1.receipt_handle], topic="other")) == ["INVALID_RECEIPT_HANDLE"]
     assert codes(nack(b, [m1.receipt_handle], group="thieves")) == ["INVALID_RECEIPT_HANDLE"]
     assert error_of(lambda: change(b, m1.receipt_handle, 1_000, group="thieves"))[1] == (
@@ -286,7 +288,7 @@ def test_a_slave_rebuilds_the_masters_receive_state_from_the_replicated_log(
     assert codes(ack(master, [m.receipt_handle for m in got[:25]])) == ["OK"] * 25
     assert codes(nack(master, [m.receipt_handle for m in got[25:30]])) == ["OK"] * 5
 
-    def figures(b: replicas.BrokerProcess) -> list[tuple[int, ...]]:
+    def figures(b: BrokerProcess) -> list[tuple[int, ...]]:
         return [
             (q.queue_id, q.done_offset, q.next_offset, q.inflight, q.retrying)
             for q in state(b).queues
@@ -296,7 +298,7 @@ def test_a_slave_rebuilds_the_masters_receive_state_from_the_replicated_log(
     assert sum(f[3] for f in want) == 10 and sum(f[4] for f in want) == 5
     wait_until(lambda: figures(slave) == want, 30, "the slave's receive state to match")
     # A slave refuses the calls that change it.
-    code, name, retriable = error_of(lambda: receive(slave))
+    _, name, retriable = error_of(lambda: receive(slave))
     assert (name, retriable) == ("NOT_MASTER", True)
     # And keeps following.
     assert codes(ack(master, [m.receipt_handle for m in got[30:]])) == ["OK"] * 10

@@ -20,8 +20,9 @@ from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.receive.dead_letter import client_may_send
 from tidemq.services.broker.topics import TopicConfig
-from tidemq.services.errors import invalid
+from tidemq.services.errors import invalid, system_topic
 from tidemq.storage import MessageStore, PutStatus
 from tidemq.storage.config import parse_host
 
@@ -96,6 +97,8 @@ class SendHandler:
         return response
 
     async def _writable_topic(self, name: str) -> TopicConfig:
+        if not client_may_send(name):
+            raise system_topic(name)
         if self.topics.get(name) is None and self.config.auto_create_topics:
             n = self.config.default_queue_nums
             try:

@@ -46,7 +46,7 @@ from tidemq.services.broker.receive.events import (
     QueueKey,
     Reset,
 )
-from tidemq.services.broker.receive.handle import InvalidHandle, ReceiptHandle
+from tidemq.services.broker.receive.handle import ReceiptHandle
 from tidemq.services.broker.receive.journal import JournalBehindError, ReceiveJournal
 from tidemq.services.broker.receive.queue_state import HandleStatus
 from tidemq.services.broker.receive.reading import (
@@ -56,17 +56,14 @@ from tidemq.services.broker.receive.reading import (
     received_message,
     start_offset,
 )
+from tidemq.services.broker.receive.refusals import (
+    handle_mismatch,
+    handle_refusal,
+    parse_handle,
+)
 from tidemq.services.broker.receive.waiters import ReceiveWaiters
 from tidemq.services.broker.topics import TopicConfig, TopicManager
-from tidemq.services.errors import (
-    ServiceError,
-    already_acked,
-    consume_disabled,
-    detail_of,
-    handle_expired,
-    invalid,
-    invalid_handle,
-)
+from tidemq.services.errors import ServiceError, consume_disabled, detail_of, invalid
 from tidemq.storage import MessageStore, PutResult, PutStatus
 from tidemq.storage.clock import now_ms
 
@@ -335,31 +332,17 @@ class ReceiveService:
     def _check(self, text: str, group: str, topic: str, now: int) -> tuple[QueueKey, ReceiptHandle]:
         """The handle's queue and fields when it is the current holder's; else the typed error
         (INVALID_RECEIPT_HANDLE, RECEIPT_HANDLE_EXPIRED, MESSAGE_ALREADY_ACKED)."""
-        try:
-            h = ReceiptHandle.decode(text)
-        except InvalidHandle as e:
-            raise invalid_handle(f"not a receipt handle of this broker: {e}") from None
-        for what, got, want in (
-            ("broker group", h.broker_name, self.config.broker_name),
-            ("group", h.group, group),
-            ("topic", h.topic, topic),
-        ):
-            if got != want:
-                raise invalid_handle(f"receipt handle of {what} {got!r}, not {want!r}")
+        h = parse_handle(text)
+        mismatch = handle_mismatch(h, self.config.broker_name, group, topic)
+        if mismatch is not None:
+            raise mismatch
         key = QueueKey(group, topic, h.queue_id)
         q = self.states.get(key)
         status = q.check(h.offset, h.lease_id, now) if q is not None else HandleStatus.UNKNOWN
-        where = f"{topic}/{h.queue_id} offset {h.offset}"
-        if status is HandleStatus.OK:
-            return key, h
-        if status in (HandleStatus.EXPIRED, HandleStatus.SUPERSEDED):
-            raise handle_expired(
-                f"receipt handle of {where} for group {group!r} no longer holds the message (its "
-                f"invisible time ended, or it was nacked or given a new handle): receive it again"
-            )
-        if status is HandleStatus.ACKED:
-            raise already_acked(f"{where} was acked (or dead-lettered) for group {group!r}")
-        raise invalid_handle(f"no delivery of {where} to group {group!r} has this handle")
+        refusal = handle_refusal(status, h)
+        if refusal is not None:
+            raise refusal
+        return key, h
 
     def _checked(
         self, group: str, topic: str, handles: Sequence[str], now: int
