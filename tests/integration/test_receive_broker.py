@@ -90,7 +90,7 @@ def test_change_invisible_duration_extends_and_shortens_and_retires_the_old_hand
     b = start_broker(*FAST)
     create_topic(b)
     set_group(b, delays_ms=[50])
-    send(b, [b"long job"])
+    send(b, [b"long-job"])
     (m,) = receive(b, invisible_ms=300)
     longer = change(b, m.receipt_handle, 5_000)
     assert longer.invisible_until_ms >= m.invisible_until_ms + 4_000
@@ -140,10 +140,9 @@ def test_bad_handles_and_arguments_get_typed_errors_and_change_nothing(
     ]
     assert all(not r.error.retriable for r in results)
     # Another group's or another topic's call with this handle.
-    assert codes(ack(b, [m1.receipt_handle], group="thieves")) == ["INVALID_RECEIPT_HANDLE"]
-    assert (
-        "handle of group 'workers'" in ack(b, [m1.receipt_handle], group="thieves")[0].error.message
-    )
+    (theirs,) = ack(b, [m1.receipt_handle], group="thieves")
+    assert codes([theirs]) == ["INVALID_RECEIPT_HANDLE"]
+    assert "of consumer group 'workers'" in theirs.error.message
     assert codes(ack(b, [m1.receipt_handle], topic="other")) == ["INVALID_RECEIPT_HANDLE"]
     assert codes(nack(b, [m1.receipt_handle], group="thieves")) == ["INVALID_RECEIPT_HANDLE"]
     assert error_of(lambda: change(b, m1.receipt_handle, 1_000, group="thieves"))[1] == (
