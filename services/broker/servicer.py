@@ -108,6 +108,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         return await self.consumers.GetConsumerList(request, context)
 
     async def CommitOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if self.receive is not None and request.reset and self.receive.is_receive_group(request):
+            # An operator's reset of a receive group: its in-flight state starts over there.
+            return await self.receive.ResetOffset(request, context)
         return await self.consumers.CommitOffset(request, context)
 
     async def QueryConsumerOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

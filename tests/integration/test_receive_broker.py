@@ -307,3 +307,35 @@ def test_a_slave_rebuilds_the_masters_receive_state_from_the_replicated_log(
     slave.kill()
     slave = replicas.start(start_broker, nameserver, "slave", *replicas.SLAVE_FLAGS, *FAST)
     assert figures(slave) == want
+
+
+def test_an_offset_reset_of_a_receive_group_forgets_what_was_in_flight_and_goes_on_there(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    send(b, [f"r{i}".encode() for i in range(5)])
+    first = sorted(receive(b, invisible_ms=60_000), key=lambda m: m.message.queue_offset)
+    assert len(first) == 5
+    r = b.stub().CommitOffset(
+        broker_pb2.CommitOffsetRequest(group=GROUP, topic=TOPIC, queue_id=0, offset=1, reset=True),
+        timeout=10,
+    )
+    assert r.offset == 1
+    again = sorted(receive(b), key=lambda m: m.message.queue_offset)
+    assert [m.message.queue_offset for m in again] == [1, 2, 3, 4]
+    assert {m.delivery_attempt for m in again} == {1}
+    assert codes(ack(b, [first[0].receipt_handle, first[3].receipt_handle])) == [
+        "MESSAGE_ALREADY_ACKED",
+        "RECEIPT_HANDLE_EXPIRED",
+    ]
+    assert codes(ack(b, [m.receipt_handle for m in again])) == ["OK"] * 4
+
+    def committed() -> int:
+        q = b.stub().QueryConsumerOffset(
+            broker_pb2.QueryConsumerOffsetRequest(group=GROUP, topic=TOPIC, queue_id=0), timeout=10
+        )
+        return int(q.offset)
+
+    # The revive task commits the group's floor: lag and retention see receive groups.
+    wait_until(lambda: committed() == 5, 10, "the floor committed as the group's offset")

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2
+from tidemq.services.broker.groups import RECEIVE
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.receive.service import ReceiveService
@@ -55,3 +56,15 @@ class ReceiveHandlers:
     @typed_errors
     async def GetReceiveState(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return self.service.state(request.group, request.topic)
+
+    def is_receive_group(self, request: Any) -> bool:
+        g = self.service.groups.get(request.group)
+        return g is not None and g.model == RECEIVE
+
+    @typed_errors
+    async def ResetOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """CommitOffset with reset=True for a receive group."""
+        offset = await self.service.reset(
+            request.group, request.topic, request.queue_id, request.offset
+        )
+        return broker_pb2.CommitOffsetResponse(offset=offset)

@@ -492,6 +492,19 @@ class ReceiveService:
             self.topics.upsert(TopicConfig(name, 1, 1))
             await self.publish_topics()
 
+    async def reset(self, group: str, topic: str, queue_id: int, offset: int) -> int:
+        """An operator's offset reset of a receive group's queue: everything in flight there is
+        forgotten and the group goes on from ``offset`` (committed as a reset too)."""
+        if offset < 0:
+            raise invalid(f"offset {offset} is negative")
+        tcfg = self.checks.topic(topic, for_write=False)
+        self.checks.check_queue(tcfg, queue_id, for_write=False)
+        await self.lead()
+        _, put = self._append(Reset(QueueKey(group, topic, queue_id), offset))
+        await self._durable(put, what="offset reset")
+        log.info("receive group %s reset on %s/%d to offset %d", group, topic, queue_id, offset)
+        return self.offsets.commit(group, topic, queue_id, offset, reset=True)
+
     # ------------------------------------------------------------------ figures
     def state(self, group: str, topic: str) -> broker_pb2.GetReceiveStateResponse:
         if not group:
