@@ -261,15 +261,20 @@ def test_fifo_dead_lettering_the_head_unblocks_its_group() -> None:
 
 def test_fifo_window_a_stuck_group_holds_back_at_most_max_held_messages() -> None:
     d = fifo_driver([A] * 5 + [B, C], max_held=3)
-    assert d.offsets(T0) == [0]  # A1..A3 held, then the window is full: B, C wait
+    assert d.offsets(T0) == [0]  # A1..A3 held; no room for A4: B and C wait behind it
     assert d.q.cursor == 4
+    assert d.q.counts(T0, d.policy) == (1, 0, 3)
     assert d.offsets(T0 + 1) == []
     lease = d.q.lease_id(0)
     d.append(Acked(KEY, ((0, lease or 0),)))
-    assert d.offsets(T0 + 2) == [1]  # held count drops to 2: one more may be held
-    assert d.offsets(T0 + 3) == []
-    d.max_held = 5
-    assert d.offsets(T0 + 4) == [5, 6]
+    assert d.offsets(T0 + 2) == [1, 5, 6]  # A1 leaves the window, A4 takes its place
+    assert d.q.counts(T0 + 2, d.policy) == (3, 0, 3)
+
+
+def test_fifo_window_counts_only_held_messages_other_groups_pass_a_full_window() -> None:
+    d = fifo_driver([A, A, B, C, A], max_held=1)
+    assert d.offsets(T0) == [0, 2, 3]  # A1 fills the window; B and C are not held
+    assert d.q.cursor == 4  # A (offset 4) would need a second held slot
 
 
 def test_a_queue_switched_from_fifo_to_plain_delivers_its_held_messages() -> None:

@@ -314,9 +314,8 @@ class QueueInFlight:
         held: list[tuple[int, int]] = []
         cursor = self.cursor
         scanned = 0
-        while len(delivered) < max_messages and scanned < MAX_SCAN_PER_PLAN:
-            if fifo and held_left + len(held) >= max_held:
-                break
+        window_full = False
+        while len(delivered) < max_messages and scanned < MAX_SCAN_PER_PLAN and not window_full:
             batch = new.read(cursor, max_messages - len(delivered))
             before = cursor
             for c in batch:
@@ -324,18 +323,22 @@ class QueueInFlight:
                     continue  # the reader went back: ignore what is decided already
                 if len(delivered) >= max_messages or scanned >= MAX_SCAN_PER_PLAN:
                     break
-                if fifo and held_left + len(held) >= max_held:
-                    break
-                scanned += 1
                 gh = c.group_hash
                 if not c.matches:
                     filtered.append(c.offset)
                 elif fifo and gh and gh in blocked:
+                    # The cursor stops before the first message the window has no room for:
+                    # a stuck group holds back at most max_held messages, and every other
+                    # group's messages up to there keep flowing.
+                    if held_left + len(held) >= max_held:
+                        window_full = True
+                        break
                     held.append((c.offset, gh))
                 else:
                     delivered.append((c.offset, 1, gh, c.message))
                     if fifo and gh:
                         blocked.add(gh)
+                scanned += 1
                 cursor = c.offset + 1
             if cursor == before:
                 break
