@@ -35,6 +35,7 @@ from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.publication import RegistrationRounds
+from tidemq.services.broker.receive.figures import ReceiveCollector
 from tidemq.services.broker.receive.journal import ReceiveJournal
 from tidemq.services.broker.receive.revive import Reviver
 from tidemq.services.broker.receive.service import ReceiveService
@@ -188,6 +189,10 @@ class Broker:
                 self.metrics,
             )
 
+        if self.metrics is not None:
+            self.metrics.registry.register(
+                ReceiveCollector(lambda: self.journal.states, self.groups)
+            )
         self.servicer = BrokerServicer(
             cfg,
             self.store,

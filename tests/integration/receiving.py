@@ -4,10 +4,12 @@ errors, over real broker processes."""
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.conftest import BrokerProcess
 from tidemq.protos import broker_pb2, common_pb2
@@ -136,3 +138,14 @@ def error_of(call: Callable[[], object]) -> tuple[grpc.StatusCode, str, bool]:
 
 def bodies(messages: Sequence[Any]) -> list[bytes]:
     return sorted(m.message.body for m in messages)
+
+
+def scrape(address: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a broker's /metrics, by name and sorted labels."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from tests.integration import replicas
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
+from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.integration.receiving import (
     FAST,
     GROUP,
@@ -24,6 +24,7 @@ from tests.integration.receiving import (
     nack,
     receive,
     receive_until,
+    scrape,
     send,
     set_group,
     state,
@@ -189,7 +190,8 @@ def test_an_expired_handle_is_refused_and_the_message_goes_to_the_next_receiver(
 def test_a_message_failing_max_attempts_goes_to_the_dead_letter_queue_with_its_origin(
     start_broker: StartBroker,
 ) -> None:
-    b = start_broker(*FAST)
+    metrics = f"127.0.0.1:{free_port()}"
+    b = start_broker(*FAST, "--metrics-listen", metrics)
     create_topic(b)
     set_group(b, max_delivery_attempts=2, delays_ms=[100])
     send(b, [b"poison", b"fine"])
@@ -220,6 +222,15 @@ def test_a_message_failing_max_attempts_goes_to_the_dead_letter_queue_with_its_o
     assert receive(b, wait_ms=400) == []
     (q,) = state(b).queues
     assert (q.done_offset, q.inflight, q.retrying) == (2, 0, 0)
+    seen = scrape(metrics)
+    by_group = (("group", GROUP),)
+    assert seen["tidemq_receive_messages_total", by_group] == 3
+    assert seen["tidemq_receive_redeliveries_total", by_group] == 1
+    assert seen["tidemq_receive_acks_total", by_group] == 1
+    assert seen["tidemq_dead_letters_total", by_group] == 1
+    in_topic = (("group", GROUP), ("topic", TOPIC))
+    assert seen["tidemq_receive_inflight", in_topic] == 0
+    assert seen["tidemq_receive_retrying", in_topic] == 0
 
 
 def test_a_nack_of_the_last_attempt_and_an_explicit_dead_letter_move_it_at_once(

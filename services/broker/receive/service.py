@@ -61,6 +61,7 @@ from tidemq.services.broker.receive.refusals import (
     handle_refusal,
     parse_handle,
 )
+from tidemq.services.broker.receive.states import ReceiveStates
 from tidemq.services.broker.receive.waiters import ReceiveWaiters
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import ServiceError, consume_disabled, detail_of, invalid
@@ -110,7 +111,6 @@ class ReceiveService:
         self.config = config
         self.store = store
         self.journal = journal
-        self.states = journal.states
         self.checks = checks
         self.role = checks.role
         self.groups = groups
@@ -128,6 +128,11 @@ class ReceiveService:
         # (queue, offset) being copied to the dead-letter queue right now: copied once.
         self._dying: set[tuple[QueueKey, int]] = set()
         journal.on_applied = self._applied
+
+    @property
+    def states(self) -> ReceiveStates:
+        # The journal replaces its states when it rebuilds them: never keep them.
+        return self.journal.states
 
     # ------------------------------------------------------------------ the master's gate
     async def lead(self) -> None:
