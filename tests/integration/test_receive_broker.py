@@ -4,6 +4,7 @@ SIGKILL and restart, and a slave that rebuilds the master's state from the repli
 
 from __future__ import annotations
 
+import signal
 import time
 
 import grpc
@@ -30,7 +31,7 @@ from tests.integration.receiving import (
     state,
 )
 from tests.waiting import wait_until
-from tidemq.protos import broker_pb2
+from tidemq.protos import broker_pb2, common_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -352,3 +353,77 @@ def test_an_offset_reset_of_a_receive_group_forgets_what_was_in_flight_and_goes_
 
     # The revive task commits the group's floor: lag and retention see receive groups.
     wait_until(lambda: committed() == 5, 10, "the floor committed as the group's offset")
+
+
+def test_under_sync_master_an_ack_answers_only_once_the_slave_holds_it(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    master = replicas.start(
+        start_broker,
+        nameserver,
+        "master",
+        *FAST,
+        "--role",
+        "SYNC_MASTER",
+        "--ha-sync-timeout-ms",
+        "800",
+    )
+    create_topic(master)
+    slave = replicas.start(start_broker, nameserver, "slave", *replicas.SLAVE_FLAGS, *FAST)
+    replicas.wait_in_sync(master)
+    send(master, [b"a", b"b"])
+    a, b = sorted(receive(master, invisible_ms=60_000), key=lambda m: m.message.body)
+    assert codes(ack(master, [a.receipt_handle])) == ["OK"]
+    slave.proc.send_signal(signal.SIGSTOP)  # connected but silent
+    try:
+        started = time.monotonic()
+        code, name, retriable = error_of(lambda: ack(master, [b.receipt_handle]))
+        assert (code, name, retriable) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "STORE_NOT_WRITABLE",
+            True,
+        )
+        assert time.monotonic() - started >= 0.7
+    finally:
+        slave.proc.send_signal(signal.SIGCONT)
+    # Recorded on the master all the same: the retry finds it acked.
+    wait_until(
+        lambda: codes(ack(master, [b.receipt_handle])) == ["MESSAGE_ALREADY_ACKED"],
+        30,
+        "the retried ack",
+    )
+    wait_until(lambda: state(slave).queues[0].done_offset == 2, 30, "the slave to hold both acks")
+
+
+def test_fifo_message_groups_keep_their_order_and_a_stuck_group_does_not_hold_up_another(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    set_group(b, fifo=True, delays_ms=[400])
+    msgs = [
+        common_pb2.Message(
+            topic=TOPIC, body=body.encode(), queue_id=0, properties={"__SHARDINGKEY": body[0]}
+        )
+        for body in ("A1", "B1", "A2", "B2", "A3")
+    ]
+    b.stub().SendMessage(broker_pb2.SendMessageRequest(messages=msgs), timeout=30)
+    first = receive(b, invisible_ms=60_000)
+    assert [(m.message.body, m.message_group) for m in first] == [(b"A1", "A"), (b"B1", "B")]
+    a1, b1 = first
+    # A is stuck (A1 failed and waits for its retry); B goes on.
+    assert codes(nack(b, [a1.receipt_handle])) == ["OK"]
+    assert codes(ack(b, [b1.receipt_handle])) == ["OK"]
+    (b2,) = receive(b, invisible_ms=60_000)
+    assert b2.message.body == b"B2"
+    assert codes(ack(b, [b2.receipt_handle])) == ["OK"]
+    # A1 comes again before anything after it in its group.
+    (again,) = receive_until(b, 1, invisible_ms=60_000)
+    assert (again.message.body, again.delivery_attempt) == (b"A1", 2)
+    assert receive(b, wait_ms=200) == []
+    assert codes(ack(b, [again.receipt_handle])) == ["OK"]
+    (a2,) = receive_until(b, 1, invisible_ms=60_000)
+    assert a2.message.body == b"A2"
+    assert codes(ack(b, [a2.receipt_handle])) == ["OK"]
+    (a3,) = receive_until(b, 1)
+    assert a3.message.body == b"A3"
