@@ -95,6 +95,21 @@ def test_the_copy_keeps_the_message_and_names_its_origin(store: MessageStore) ->
     assert [m.body for m in found] == [b"the poison body"]
 
 
+def test_a_message_resent_from_the_dlq_keeps_its_first_id(store: MessageStore) -> None:
+    """Sent back to its topic with its ORIGIN_MESSAGE_ID (as resend does) and dead again: the
+    new copy leads to the message first sent, as in RocketMQ."""
+    first = original(store)
+    resent = put_and_read(
+        store,
+        Message("orders", first.body, queue_id=2, properties={"ORIGIN_MESSAGE_ID": first.msg_id}),
+    )
+    assert resent.msg_id != first.msg_id
+    copy = dl.dead_letter_copy(resent, group="g", attempts=16, reason="again", now_ms=1)
+    got = put_and_read(store, copy)
+    assert got.properties["ORIGIN_MESSAGE_ID"] == first.msg_id
+    assert got.properties["DLQ_ORIGIN_QUEUE_OFFSET"] == "3"  # where it died this time
+
+
 def test_a_consumers_reason_cannot_break_the_record(store: MessageStore) -> None:
     stored = original(store)
     reason = "bad\x01field\x02" + "x" * 5000

@@ -9,7 +9,7 @@ plus where it came from, under RocketMQ's property names where RocketMQ has one:
 | property | value |
 | --- | --- |
 | ``RETRY_TOPIC`` | the original topic (RocketMQ's name: resend sends it back there) |
-| ``ORIGIN_MESSAGE_ID`` | the original message id |
+| ``ORIGIN_MESSAGE_ID`` | the original message id (the first one, for a message resent from a DLQ) |
 | ``DLQ_ORIGIN_QUEUE_ID``, ``DLQ_ORIGIN_QUEUE_OFFSET`` | its queue and offset there |
 | ``DLQ_DELIVERY_ATTEMPTS`` | how many times it was delivered |
 | ``DLQ_REASON`` | ``max delivery attempts (16)``, or the reason a consumer gave |
@@ -116,7 +116,9 @@ def dead_letter_copy(
     props.update(
         {
             PROP_RETRY_TOPIC: stored.topic,
-            PROP_ORIGIN_MESSAGE_ID: stored.msg_id,
+            # A message sent back from a dead-letter queue keeps its first id (RocketMQ keeps
+            # an ORIGIN_MESSAGE_ID it finds): the chain leads to the message first sent.
+            PROP_ORIGIN_MESSAGE_ID: stored.properties.get(PROP_ORIGIN_MESSAGE_ID) or stored.msg_id,
             PROP_ORIGIN_QUEUE_ID: str(stored.queue_id),
             PROP_ORIGIN_QUEUE_OFFSET: str(stored.queue_offset),
             PROP_DELIVERY_ATTEMPTS: str(attempts),
