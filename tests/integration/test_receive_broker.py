@@ -11,7 +11,14 @@ import grpc
 import pytest
 
 from tests.integration import replicas
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
+from tests.integration.conftest import (
+    BrokerProcess,
+    NameServerProcess,
+    StartBroker,
+    StartNameServer,
+    free_port,
+)
+from tests.integration.failover import SESSION_MS, Group
 from tests.integration.receiving import (
     FAST,
     GROUP,
@@ -30,6 +37,7 @@ from tests.integration.receiving import (
     set_group,
     state,
 )
+from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq.protos import broker_pb2, common_pb2
 
@@ -427,3 +435,36 @@ def test_fifo_message_groups_keep_their_order_and_a_stuck_group_does_not_hold_up
     assert codes(ack(b, [a2.receipt_handle])) == ["OK"]
     (a3,) = receive_until(b, 1)
     assert a3.message.body == b"A3"
+
+
+def test_after_a_failover_the_new_master_knows_what_was_acked_and_what_is_in_flight(
+    start_broker: StartBroker,
+    start_nameserver: StartNameServer,
+    zookeeper: ZooKeeperServer,
+    zk_root: str,
+) -> None:
+    group = Group(start_broker, zookeeper, zk_root, extra=FAST)
+    try:
+        group.routed(start_nameserver, TOPIC, 1)
+        first = group.master()
+        old = group.brokers[first]
+        send(old, [f"f{i}".encode() for i in range(10)])
+        got = sorted(receive(old, invisible_ms=4_000), key=lambda m: m.message.queue_offset)
+        assert len(got) == 10
+        # SYNC_MASTER: each answered ack is on the in-sync slaves.
+        assert codes(ack(old, [m.receipt_handle for m in got[:5]])) == ["OK"] * 5
+        group.kill(first)
+        second = group.master(timeout_s=SESSION_MS / 1000 + 20, not_id=first)
+        new = group.brokers[second]
+        # The new master decides on the state its predecessor left: acked ones stay acked, the
+        # others are still invisible and their holders' handles still work.
+        assert codes(ack(new, [got[0].receipt_handle, got[5].receipt_handle])) == [
+            "MESSAGE_ALREADY_ACKED",
+            "OK",
+        ]
+        assert receive(new, wait_ms=300) == []
+        back = receive_until(new, 4)
+        assert sorted(m.message.queue_offset for m in back) == [6, 7, 8, 9]
+        assert {m.delivery_attempt for m in back} == {2}
+    finally:
+        group.thaw_all()
