@@ -39,6 +39,8 @@ class Reviver:
         self._last_snapshot_ms = monotonic_ms()
 
     async def tick(self) -> None:
+        if self.service.checks.shutting_down:
+            return
         if self.role.is_master and self.role.may_acknowledge():
             await self.service.lead()
             await self.dead_letter_exhausted()

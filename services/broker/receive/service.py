@@ -231,12 +231,20 @@ class ReceiveService:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.checks.shutting_down:
                 return broker_pb2.ReceiveMessageResponse()
+            if put is not None:
+                # It moved on (messages filtered out by tag, a queue started): look again,
+                # after letting other calls run, rather than wait for what is already there.
+                await asyncio.sleep(0)
+                await self.lead()
+                continue
             if next_ms is not None:
                 remaining = min(remaining, max(0, next_ms - now) / 1000 + 0.001)
             async with stepped_aside():
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
                         await woken.wait()
+            if self.checks.shutting_down:
+                return broker_pb2.ReceiveMessageResponse()  # as a parked pull answers
             await self.lead()  # a demotion while parked
             group = self.groups.get(req.group) or group
 
@@ -266,6 +274,9 @@ class ReceiveService:
         policy, attempts = settings.retry_policy, settings.max_delivery_attempts
         cap = self._confirm_cap() if self._confirm_cap is not None else None
         until = now + req.invisible_duration_ms
+        # New messages read for one answer stay within the pull answer's cap (retries are read
+        # by offset, each at most one message).
+        budget = self.config.max_pull_response_bytes
         for qid in self._queues(req, tcfg):
             key = QueueKey(group, topic, qid)
             q = self.states.get(key)
@@ -290,15 +301,17 @@ class ReceiveService:
                 _, put = self._append(Reset(key, lo))
                 q = self.states.get(key)
                 assert q is not None
+            candidates = QueueCandidates(store, topic, qid, tags, budget, cap)
             plan = q.plan_receive(
                 now,
                 req.max_messages - len(out),
-                QueueCandidates(store, topic, qid, tags, self.config.max_pull_response_bytes, cap),
+                candidates,
                 fifo=settings.fifo,
                 max_attempts=attempts,
                 policy=policy,
                 max_held=self.config.receive_max_held_messages,
             )
+            budget = candidates.max_bytes
             if plan is not None:
                 lease_id, put = self._append(plan.event(key, now, until))
                 for offset, attempt, _gh, message in plan.delivered:
@@ -309,7 +322,7 @@ class ReceiveService:
                         self.config.broker_name, group, topic, qid, offset, lease_id, until
                     )
                     out.append(received_message(m, attempt, handle))  # type: ignore[arg-type]
-            if len(out) >= req.max_messages:
+            if len(out) >= req.max_messages or budget <= 0:
                 break
             t = q.next_visible_ms(now, policy, max_attempts=attempts)
             if t is not None and (next_ms is None or t < next_ms):
