@@ -468,3 +468,20 @@ def test_after_a_failover_the_new_master_knows_what_was_acked_and_what_is_in_fli
         assert {m.delivery_attempt for m in back} == {2}
     finally:
         group.thaw_all()
+
+
+def test_a_tag_filter_delivers_only_matching_messages_and_completes_the_others(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    msgs = [
+        common_pb2.Message(topic=TOPIC, body=f"{tag}{i}".encode(), queue_id=0, tag=tag)
+        for i, tag in enumerate("abbab")
+    ]
+    b.stub().SendMessage(broker_pb2.SendMessageRequest(messages=msgs), timeout=30)
+    got = receive(b, tag_expression="a")
+    assert [m.message.body for m in got] == [b"a0", b"a3"]
+    assert codes(ack(b, [m.receipt_handle for m in got])) == ["OK", "OK"]
+    (q,) = state(b).queues
+    assert (q.done_offset, q.next_offset, q.inflight) == (5, 5, 0)
