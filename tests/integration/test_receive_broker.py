@@ -486,3 +486,36 @@ def test_a_tag_filter_delivers_only_matching_messages_and_completes_the_others(
     assert codes(ack(b, [m.receipt_handle for m in got])) == ["OK", "OK"]
     (q,) = state(b).queues
     assert (q.done_offset, q.next_offset, q.inflight) == (5, 5, 0)
+
+
+def test_an_offsets_group_and_a_disabled_group_are_refused_with_their_reason(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    send(b, [b"m"])
+    b.stub().Heartbeat(
+        broker_pb2.HeartbeatRequest(
+            client_id="puller-1",
+            consumers=[
+                broker_pb2.ConsumerGroupMembership(group="pullers", model=broker_pb2.OFFSETS)
+            ],
+        ),
+        timeout=10,
+    )
+    assert error_of(lambda: receive(b, group="pullers")) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "CONSUME_MODEL_MISMATCH",
+        False,
+    )
+    assert error_of(lambda: ack(b, ["x"], group="pullers"))[1] == "CONSUME_MODEL_MISMATCH"
+    set_group(b, consume_enabled=False)
+    assert error_of(lambda: receive(b)) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "CONSUME_DISABLED",
+        False,
+    )
+    assert state(b).queues == []  # nothing was recorded for either
+    set_group(b, consume_enabled=True)
+    (m,) = receive(b)
+    assert m.message.body == b"m"
