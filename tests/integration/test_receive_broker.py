@@ -168,6 +168,8 @@ def test_bad_handles_and_arguments_get_typed_errors_and_change_nothing(
         lambda: receive(b, max_messages=0),
         lambda: receive(b, max_messages=1025),
         lambda: receive(b, start_from="yesterday"),
+        lambda: receive(b, start_from="\u00b2"),  # a digit to str.isdigit, not to int()
+        lambda: receive(b, start_from="9" * 40),
         lambda: change(b, m1.receipt_handle, 0),
         lambda: ack(b, []),
         lambda: ack(b, [m1.receipt_handle] * 1025),
