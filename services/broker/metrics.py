@@ -145,6 +145,13 @@ class BrokerMetrics:
             ["group"],
             registry=r,
         )
+        self.receive_short_durability = Counter(
+            "tidemq_receive_short_durability",
+            "Receive/ack records answered before they were as durable as a SEND_OK (the "
+            "failover window for acks), by the put status",
+            ["status"],
+            registry=r,
+        )
         r.register(
             StateCollector(config, store, topics, clients, offsets, groups, replication_status)
         )
@@ -187,6 +194,9 @@ class BrokerMetrics:
 
     def dead_lettered(self, group: str, messages: int) -> None:
         self.dead_letters.labels(group).inc(messages)
+
+    def short_durability(self, status: str) -> None:
+        self.receive_short_durability.labels(status).inc()
 
     @contextlib.contextmanager
     def long_poll(self) -> Iterator[None]:

@@ -70,6 +70,7 @@ class ReceiveCounters(Protocol):
     def received(self, group: str, messages: int, redeliveries: int) -> None: ...
     def acked(self, group: str, messages: int) -> None: ...
     def dead_lettered(self, group: str, messages: int) -> None: ...
+    def short_durability(self, status: str) -> None: ...
 
 
 class _Uncounted:
@@ -80,6 +81,9 @@ class _Uncounted:
         pass
 
     def dead_lettered(self, group: str, messages: int) -> None:
+        pass
+
+    def short_durability(self, status: str) -> None:
         pass
 
 
@@ -152,7 +156,14 @@ class ReceiveService:
             ) from None
 
     async def durable(self, put: PutResult, *, what: str) -> None:
-        """Wait for ``put`` as a send waits; raise unless it is as durable as a SEND_OK."""
+        """Wait for ``put`` as a send waits, so that normally an answered call is on the slaves.
+
+        A record the slaves did not take in time (SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT) or
+        the disk did not flush in time is still answered: it is stored here, and refusing acks
+        would stop consumption for as long as a SYNC_MASTER has no slave while sends carry on.
+        What that costs is the documented window: such an ack can be lost by a failover, and
+        its message is delivered again (at least once, never lost). Counted per outcome.
+        """
         if self.replication is not None:
             self.replication.notify_appended()
         flushed, replicated = await wait_durable(put, self.replication, self.role.role)
@@ -162,13 +173,8 @@ class ReceiveService:
         if status is None:
             raise self.checks.not_acknowledging()
         if status is not PutStatus.PUT_OK and what:
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE,
-                common_pb2.STORE_NOT_WRITABLE,
-                f"the {what} is recorded on this broker but not durable as promised "
-                f"({status.name}); retry it (a retried ack may answer MESSAGE_ALREADY_ACKED)",
-                retriable=True,
-            )
+            log.warning("a %s was answered short of its durability: %s", what, status.name)
+            self.counters.short_durability(status.name)
 
     def _applied(self, event: Event) -> None:
         # Acks, nacks and the like may free a FIFO message group or make a message visible.
