@@ -366,7 +366,7 @@ def test_an_offset_reset_of_a_receive_group_forgets_what_was_in_flight_and_goes_
     wait_until(lambda: committed() == 5, 10, "the floor committed as the group's offset")
 
 
-def test_under_sync_master_an_ack_answers_only_once_the_slave_holds_it(
+def test_under_sync_master_an_ack_waits_for_the_slave_and_a_silent_slave_delays_but_never_stops_it(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
     master = replicas.start(
@@ -388,21 +388,13 @@ def test_under_sync_master_an_ack_answers_only_once_the_slave_holds_it(
     slave.proc.send_signal(signal.SIGSTOP)  # connected but silent
     try:
         started = time.monotonic()
-        code, name, retriable = error_of(lambda: ack(master, [b.receipt_handle]))
-        assert (code, name, retriable) == (
-            grpc.StatusCode.UNAVAILABLE,
-            "STORE_NOT_WRITABLE",
-            True,
-        )
+        # The ack waited for the slave up to the sync timeout, then was answered: consumption
+        # goes on while the slave is away (the failover window for acks, docs/operations.md).
+        assert codes(ack(master, [b.receipt_handle])) == ["OK"]
         assert time.monotonic() - started >= 0.7
     finally:
         slave.proc.send_signal(signal.SIGCONT)
-    # Recorded on the master all the same: the retry finds it acked.
-    wait_until(
-        lambda: codes(ack(master, [b.receipt_handle])) == ["MESSAGE_ALREADY_ACKED"],
-        30,
-        "the retried ack",
-    )
+    assert codes(ack(master, [b.receipt_handle])) == ["MESSAGE_ALREADY_ACKED"]
     wait_until(lambda: state(slave).queues[0].done_offset == 2, 30, "the slave to hold both acks")
 
 
