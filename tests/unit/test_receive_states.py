@@ -2,8 +2,10 @@
 on random histories (random.Random(seed)): replay equals live, snapshots round-trip, no offset
 is handed out twice while a lease lasts, FIFO groups stay ordered and independent."""
 
+import gc
 import random
 import struct
+import tracemalloc
 import zlib
 
 import pytest
@@ -367,3 +369,24 @@ def test_a_stuck_fifo_group_never_delays_other_groups_within_the_window() -> Non
         assert got == expected, f"seed {seed}: other groups waited on the stuck one"
         assert d.q.counts(now, d.policy)[2] == stuck_more
         assert d.q.check(0, head_lease, now) is HandleStatus.OK
+
+
+def test_acked_messages_leave_no_memory_behind_even_under_long_leases() -> None:
+    d = Driver()
+    d.log.messages = [(True, 0)] * 64_000
+    d.append(Init(KEY, 0))
+    twelve_hours = 12 * 3_600_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for i in range(2_000):
+            lease, delivered = d.receive(T0 + i, 32, invisible_ms=twelve_hours)
+            d.append(Acked(KEY, tuple((o, lease) for o, *_ in delivered)))
+        d.events.clear()  # the test's own record of the log
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert (d.q.floor, len(d.q)) == (64_000, 0)
+    assert left < 64_000, f"{left} bytes left after acking 64000 messages"

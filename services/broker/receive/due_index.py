@@ -27,7 +27,16 @@ class Slot:
     Immutable but for ``offsets``, the index's list of the entries given this slot (some may
     have moved on since: a user checks ``entries[offset] is slot``)."""
 
-    __slots__ = ("attempt", "group_hash", "kind", "lease_id", "offsets", "start_ms", "until_ms")
+    __slots__ = (
+        "attempt",
+        "group_hash",
+        "kind",
+        "lease_id",
+        "live",
+        "offsets",
+        "start_ms",
+        "until_ms",
+    )
 
     def __init__(
         self, kind: int, attempt: int, group_hash: int, lease_id: int, start_ms: int, until_ms: int
@@ -39,6 +48,7 @@ class Slot:
         self.start_ms = start_ms  # that record's now_ms
         self.until_ms = until_ms  # IN_FLIGHT: deadline; RELEASED: visible-at
         self.offsets = array("q")
+        self.live = 0  # entries in this slot now
 
     def fields(self) -> tuple[int, int, int, int, int, int]:
         return (
@@ -57,7 +67,19 @@ class Slot:
             return max(self.until_ms, self.start_ms + policy.delay_ms(self.attempt))
         return self.until_ms
 
-    def live(self, entries: Mapping[int, Slot]) -> array[int]:
+    def join(self, offset: int) -> None:
+        self.offsets.append(offset)
+        self.live += 1
+
+    def leave(self) -> bool:
+        """An entry moved on (acked, re-leased, ...); True when it was the last one."""
+        self.live -= 1
+        if self.live > 0:
+            return False
+        self.offsets = array("q")
+        return True
+
+    def current(self, entries: Mapping[int, Slot]) -> array[int]:
         """The offsets still in this slot (compacts ``offsets``)."""
         if any(entries.get(o) is not self for o in self.offsets):
             self.offsets = array("q", [o for o in self.offsets if entries.get(o) is self])
@@ -71,6 +93,7 @@ class DueIndex:
     """When in-flight and released slots come due, for one queue (see the module docstring)."""
 
     __slots__ = (
+        "_emptied",
         "_exhausted",
         "_high_ms",
         "_max_attempts",
@@ -88,6 +111,7 @@ class DueIndex:
         self._policy: RetryPolicy | None = None
         self._max_attempts = -1
         self._high_ms = 0  # the latest now_ms it was advanced to
+        self._emptied = 0
 
     @property
     def max_attempts(self) -> int:
@@ -103,6 +127,18 @@ class DueIndex:
     def _push(self, at_ms: int, slot: Slot) -> None:
         self._seq += 1
         heapq.heappush(self._timeline, (at_ms, self._seq, slot))
+
+    def emptied(self) -> None:
+        """A slot lost its last entry. Slots all acked long before their deadline (a 12 h
+        lease, say) would otherwise stay on the timeline until it: drop them once they are
+        half of it (amortized constant time per slot)."""
+        self._emptied += 1  # counted here, dropped by advance: mid-event a slot may be empty
+
+    def _drop_emptied(self) -> None:
+        if self._emptied > 64 and self._emptied * 2 > len(self._timeline):
+            self._timeline = [e for e in self._timeline if e[2].live > 0]
+            heapq.heapify(self._timeline)
+            self._emptied = 0
 
     def clear(self) -> None:
         self._timeline.clear()
@@ -121,8 +157,9 @@ class DueIndex:
             if id(s) not in seen:
                 seen.add(id(s))
                 s.offsets = array("q")
+                s.live = 0
                 self.add(s)
-            s.offsets.append(o)
+            s.join(o)
 
     def advance(
         self, entries: Mapping[int, Slot], now_ms: int, max_attempts: int, policy: RetryPolicy
@@ -134,10 +171,11 @@ class DueIndex:
             self._rebuild(entries)
         self._policy, self._max_attempts = policy, max_attempts
         self._high_ms = max(self._high_ms, now_ms)
+        self._drop_emptied()
         timeline = self._timeline
         while timeline and timeline[0][0] <= now_ms:
             _, _, s = heapq.heappop(timeline)
-            live = s.live(entries)
+            live = s.current(entries)
             if not live:
                 continue
             if s.attempt >= max_attempts:
@@ -192,7 +230,7 @@ class DueIndex:
         self.advance(entries, now_ms, max_attempts, policy)
         out: list[tuple[int, int]] = []
         for key, s in list(self._exhausted.items()):
-            live = s.live(entries)
+            live = s.current(entries)
             if not live:
                 del self._exhausted[key]
             elif s.kind == RELEASED or now_ms >= s.until_ms:  # the clock may have gone back
@@ -210,6 +248,6 @@ class DueIndex:
         deadline, where the retry delay may end later: a timer set by it wakes at worst early
         and asks again)."""
         timeline = self._timeline
-        while timeline and not timeline[0][2].live(entries):
+        while timeline and not timeline[0][2].current(entries):
             heapq.heappop(timeline)
         return timeline[0][0] if timeline else None

@@ -124,6 +124,8 @@ class QueueInFlight:
                 s = entries.get(offset)
                 if s is not None and s.kind != HELD and s.lease_id == lease:
                     del entries[offset]
+                    if s.leave():
+                        self._index.emptied()
         elif isinstance(event, Changed):
             kind = RELEASED if event.released else IN_FLIGHT
             cache: dict[tuple[int, int, int], Slot] = {}
@@ -140,7 +142,9 @@ class QueueInFlight:
                     )
                     self._index.add(ns)
                 entries[offset] = ns
-                ns.offsets.append(offset)
+                ns.join(offset)
+                if s.leave():
+                    self._index.emptied()
         elif isinstance(event, Reset):
             self._entries.clear()
             self._index.clear()
@@ -174,8 +178,10 @@ class QueueInFlight:
                     continue  # done meanwhile: nothing to redeliver
                 if old.kind == HELD:
                     self._held -= 1
+                elif old.leave():
+                    self._index.emptied()
                 entries[offset] = s
-                s.offsets.append(offset)
+                s.join(offset)
         for offset, group_hash in ev.held:
             if old_cursor <= offset < new_cursor:
                 fresh.append((offset, _held_slot(group_hash)))
@@ -189,7 +195,7 @@ class QueueInFlight:
                     continue
                 entries[offset] = s
                 if s.kind != HELD:
-                    s.offsets.append(offset)
+                    s.join(offset)
         self.cursor = new_cursor
         self._advance_floor()
 
@@ -398,6 +404,8 @@ class QueueInFlight:
                 raise ValueError(f"entry offset {offset} out of order or range")
             prev = offset
             q._entries[offset] = s
+            if s.kind != HELD:
+                s.join(offset)
             if s.kind == HELD:
                 q._held += 1
         q._advance_floor()
