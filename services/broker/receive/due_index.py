@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 
@@ -24,11 +24,13 @@ IN_FLIGHT, RELEASED, HELD = 1, 2, 3
 class Slot:
     """The state shared by the entries one event put in the same condition.
 
-    Immutable but for ``offsets``, the index's list of the entries given this slot (some may
-    have moved on since: a user checks ``entries[offset] is slot``)."""
+    Immutable but for the index's fields: ``offsets``, the entries given this slot (some may
+    have moved on since: ``current`` checks ``entries[offset] is slot``), kept as None, one
+    int (the entry's own key: no extra object for a slot of one message) or an array."""
 
     __slots__ = (
         "attempt",
+        "due_ms",
         "group_hash",
         "kind",
         "lease_id",
@@ -47,8 +49,9 @@ class Slot:
         self.lease_id = lease_id  # the record that made this state (0 while held)
         self.start_ms = start_ms  # that record's now_ms
         self.until_ms = until_ms  # IN_FLIGHT: deadline; RELEASED: visible-at
-        self.offsets = array("q")
+        self.offsets: int | array[int] | None = None
         self.live = 0  # entries in this slot now
+        self.due_ms = 0  # its place on the index's timeline (it is there at most once)
 
     def fields(self) -> tuple[int, int, int, int, int, int]:
         return (
@@ -68,7 +71,13 @@ class Slot:
         return self.until_ms
 
     def join(self, offset: int) -> None:
-        self.offsets.append(offset)
+        held = self.offsets
+        if held is None:
+            self.offsets = offset
+        elif isinstance(held, int):
+            self.offsets = array("q", (held, offset))
+        else:
+            held.append(offset)
         self.live += 1
 
     def leave(self) -> bool:
@@ -76,14 +85,26 @@ class Slot:
         self.live -= 1
         if self.live > 0:
             return False
-        self.offsets = array("q")
+        self.offsets = None
         return True
 
-    def current(self, entries: Mapping[int, Slot]) -> array[int]:
+    def current(self, entries: Mapping[int, Slot]) -> Sequence[int]:
         """The offsets still in this slot (compacts ``offsets``)."""
-        if any(entries.get(o) is not self for o in self.offsets):
-            self.offsets = array("q", [o for o in self.offsets if entries.get(o) is self])
-        return self.offsets
+        held = self.offsets
+        if held is None:
+            return ()
+        if isinstance(held, int):
+            if entries.get(held) is self:
+                return (held,)
+            self.offsets = None
+            return ()
+        if any(entries.get(o) is not self for o in held):
+            held = array("q", [o for o in held if entries.get(o) is self])
+            self.offsets = held
+        return held
+
+    def __lt__(self, other: Slot) -> bool:  # the timeline heap's order
+        return self.due_ms < other.due_ms
 
     def __repr__(self) -> str:
         return f"Slot{self.fields()}"
@@ -99,15 +120,13 @@ class DueIndex:
         "_max_attempts",
         "_policy",
         "_ready",
-        "_seq",
         "_timeline",
     )
 
     def __init__(self) -> None:
-        self._timeline: list[tuple[int, int, Slot]] = []  # (time, tie-break, slot)
+        self._timeline: list[Slot] = []  # a heap by due_ms
         self._ready: list[int] = []  # offsets whose slot was deliverable (may repeat, go stale)
         self._exhausted: dict[int, Slot] = {}  # id -> slot out of attempts, nobody holds it
-        self._seq = 0
         self._policy: RetryPolicy | None = None
         self._max_attempts = -1
         self._high_ms = 0  # the latest now_ms it was advanced to
@@ -125,8 +144,8 @@ class DueIndex:
             self._push(slot.until_ms if slot.kind == IN_FLIGHT else 0, slot)
 
     def _push(self, at_ms: int, slot: Slot) -> None:
-        self._seq += 1
-        heapq.heappush(self._timeline, (at_ms, self._seq, slot))
+        slot.due_ms = at_ms
+        heapq.heappush(self._timeline, slot)
 
     def emptied(self) -> None:
         """A slot lost its last entry. Slots all acked long before their deadline (a 12 h
@@ -136,7 +155,7 @@ class DueIndex:
 
     def _drop_emptied(self) -> None:
         if self._emptied > 64 and self._emptied * 2 > len(self._timeline):
-            self._timeline = [e for e in self._timeline if e[2].live > 0]
+            self._timeline = [s for s in self._timeline if s.live > 0]
             heapq.heapify(self._timeline)
             self._emptied = 0
 
@@ -156,7 +175,7 @@ class DueIndex:
                 continue
             if id(s) not in seen:
                 seen.add(id(s))
-                s.offsets = array("q")
+                s.offsets = None
                 s.live = 0
                 self.add(s)
             s.join(o)
@@ -173,8 +192,8 @@ class DueIndex:
         self._high_ms = max(self._high_ms, now_ms)
         self._drop_emptied()
         timeline = self._timeline
-        while timeline and timeline[0][0] <= now_ms:
-            _, _, s = heapq.heappop(timeline)
+        while timeline and timeline[0].due_ms <= now_ms:
+            s = heapq.heappop(timeline)
             live = s.current(entries)
             if not live:
                 continue
@@ -248,6 +267,6 @@ class DueIndex:
         deadline, where the retry delay may end later: a timer set by it wakes at worst early
         and asks again)."""
         timeline = self._timeline
-        while timeline and not timeline[0][2].current(entries):
+        while timeline and not timeline[0].current(entries):
             heapq.heappop(timeline)
-        return timeline[0][0] if timeline else None
+        return timeline[0].due_ms if timeline else None
