@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 
@@ -214,8 +214,10 @@ class DueIndex:
         max_messages: int,
         max_attempts: int,
         policy: RetryPolicy,
+        accept: Callable[[int, Slot], bool] | None = None,
     ) -> list[tuple[int, Slot]]:
-        """The lowest offsets deliverable again at ``now_ms``, at most ``max_messages``."""
+        """The lowest offsets deliverable again at ``now_ms`` (and taken by ``accept``, when
+        given: FIFO takes only its groups' heads), at most ``max_messages``."""
         self.advance(entries, now_ms, max_attempts, policy)
         ready = self._ready
         found: list[tuple[int, Slot]] = []
@@ -235,7 +237,7 @@ class DueIndex:
                 continue
             keep.append(o)
             taken.add(o)
-            if s.deliverable_at(policy) <= now_ms:
+            if s.deliverable_at(policy) <= now_ms and (accept is None or accept(o, s)):
                 found.append((o, s))
             # else the clock went back since the slot came due: it stays ready, not delivered
         for o in keep:

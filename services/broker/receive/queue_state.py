@@ -35,6 +35,7 @@ from tidemq.services.broker.receive.events import (
     Received,
     Reset,
 )
+from tidemq.services.broker.receive.group_heads import GroupHeads
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 
 # Candidates one plan may look at: a backlog of messages that all fail the tag filter is
@@ -99,7 +100,7 @@ class ReceivePlan:
 class QueueInFlight:
     """Receive progress of one group on one queue (see the module docstring)."""
 
-    __slots__ = ("_entries", "_held", "_index", "cursor", "floor")
+    __slots__ = ("_entries", "_heads", "_held", "_index", "cursor", "floor")
 
     def __init__(self, start_offset: int) -> None:
         if start_offset < 0:
@@ -111,6 +112,7 @@ class QueueInFlight:
         self._entries: dict[int, Slot] = {}
         self._held = 0
         self._index = DueIndex()
+        self._heads = GroupHeads()
 
     # ---- applying events ----
 
@@ -126,6 +128,8 @@ class QueueInFlight:
                     del entries[offset]
                     if s.leave():
                         self._index.emptied()
+                    if s.group_hash:
+                        self._heads.closed(s.group_hash, entries)
         elif isinstance(event, Changed):
             kind = RELEASED if event.released else IN_FLIGHT
             cache: dict[tuple[int, int, int], Slot] = {}
@@ -148,6 +152,7 @@ class QueueInFlight:
         elif isinstance(event, Reset):
             self._entries.clear()
             self._index.clear()
+            self._heads.clear()
             self._held = 0
             self.floor = self.cursor = event.offset
             return
@@ -196,6 +201,8 @@ class QueueInFlight:
                 entries[offset] = s
                 if s.kind != HELD:
                     s.join(offset)
+                if s.group_hash:
+                    self._heads.opened(offset, s, entries)
         self.cursor = new_cursor
         self._advance_floor()
 
@@ -277,15 +284,19 @@ class QueueInFlight:
         # group's only deliverable offset is its lowest open one.
         blocked: set[int] = set()
         held_left = self._held
-        if not fifo and not held_left:
+        if fifo:
+            held_left = self._retries_fifo(
+                now_ms, max_messages, delivered, blocked, max_attempts, policy
+            )
+        elif not held_left:
             # No order to keep: the index finds what came due without walking every lease.
             for offset, s in self._index.retries(
                 self._entries, now_ms, max_messages, max_attempts, policy
             ):
                 delivered.append((offset, s.attempt + 1, s.group_hash, None))
-        else:
+        else:  # held back while the group was FIFO: walk every entry (rare)
             held_left = self._retries_in_order(
-                now_ms, max_messages, delivered, blocked, fifo, max_attempts, policy
+                now_ms, max_messages, delivered, max_attempts, policy
             )
         filtered: list[int] = []
         held: list[tuple[int, int]] = []
@@ -303,7 +314,11 @@ class QueueInFlight:
                 gh = c.group_hash
                 if not c.matches:
                     filtered.append(c.offset)
-                elif fifo and gh and gh in blocked:
+                elif (
+                    fifo
+                    and gh
+                    and (gh in blocked or self._heads.head(gh, self._entries) is not None)
+                ):
                     # The cursor stops before the first message the window has no room for:
                     # a stuck group holds back at most max_held messages, and every other
                     # group's messages up to there keep flowing.
@@ -323,32 +338,57 @@ class QueueInFlight:
             return None
         return ReceivePlan(delivered, tuple(filtered), tuple(held), cursor)
 
-    def _retries_in_order(
+    def _retries_fifo(
         self,
         now_ms: int,
         max_messages: int,
         delivered: list[tuple[int, int, int, object | None]],
         blocked: set[int],
-        fifo: bool,
         max_attempts: int,
         policy: RetryPolicy,
     ) -> int:
-        """Walk the open entries lowest first (FIFO needs every group's first open offset);
-        fills ``delivered`` and ``blocked``, returns how many held entries stay held."""
+        """FIFO: the lowest offsets that are their message group's head (or have no group)
+        and may go: released and due, or held and now first. Fills ``delivered`` and
+        ``blocked``; returns how many held entries stay held."""
+        entries, heads = self._entries, self._heads
+
+        def first_of_group(offset: int, s: Slot) -> bool:
+            return not s.group_hash or heads.head(s.group_hash, entries) == offset
+
+        due = self._index.retries(
+            entries, now_ms, max_messages, max_attempts, policy, first_of_group
+        )
+        ready = sorted(due + heads.held_heads(entries, max_messages), key=lambda e: e[0])
+        held_left = self._held
+        for offset, s in ready[:max_messages]:
+            if s.kind == HELD:
+                delivered.append((offset, 1, s.group_hash, None))
+                held_left -= 1
+            else:
+                delivered.append((offset, s.attempt + 1, s.group_hash, None))
+            if s.group_hash:
+                blocked.add(s.group_hash)
+        return held_left
+
+    def _retries_in_order(
+        self,
+        now_ms: int,
+        max_messages: int,
+        delivered: list[tuple[int, int, int, object | None]],
+        max_attempts: int,
+        policy: RetryPolicy,
+    ) -> int:
+        """Not FIFO, but messages held while it was: walk the open entries lowest first;
+        fills ``delivered``, returns how many held entries stay held."""
         held_left = self._held
         for offset, s in self._entries.items():
             if len(delivered) >= max_messages:
                 break
-            gh = s.group_hash
-            if fifo and gh:
-                if gh in blocked:
-                    continue
-                blocked.add(gh)
             if s.kind == HELD:
-                delivered.append((offset, 1, gh, None))
+                delivered.append((offset, 1, s.group_hash, None))
                 held_left -= 1
             elif s.attempt < max_attempts and s.deliverable_at(policy) <= now_ms:
-                delivered.append((offset, s.attempt + 1, gh, None))
+                delivered.append((offset, s.attempt + 1, s.group_hash, None))
         return held_left
 
     def dead_candidates(
@@ -408,6 +448,7 @@ class QueueInFlight:
                 s.join(offset)
             if s.kind == HELD:
                 q._held += 1
+        q._heads.rebuild(q._entries)
         q._advance_floor()
         return q
 
