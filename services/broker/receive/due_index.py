@@ -110,6 +110,19 @@ class Slot:
         return f"Slot{self.fields()}"
 
 
+_HELD_SLOTS: dict[int, Slot] = {}
+
+
+def held_slot(group_hash: int) -> Slot:
+    # Held entries of one message group are alike forever: one slot per group, process-wide.
+    s = _HELD_SLOTS.get(group_hash)
+    if s is None:
+        if len(_HELD_SLOTS) > 100_000:
+            _HELD_SLOTS.clear()
+        s = _HELD_SLOTS[group_hash] = Slot(HELD, 0, group_hash, 0, 0, 0)
+    return s
+
+
 class DueIndex:
     """When in-flight and released slots come due, for one queue (see the module docstring)."""
 

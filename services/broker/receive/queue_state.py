@@ -8,9 +8,20 @@ behind an earlier message of its message group). An offset in ``[floor, cursor)`
 entry is done, so done messages cost nothing and memory follows what is open.
 
 Entries share their state: every entry one event put in the same condition (a batch of 32
-delivered under one lease, say) points at one immutable ``Slot``; an entry costs a dict slot
-and its offset's int. Expiry takes no event: a lease whose deadline passed is released by the
-clock, deliverable again at ``max(deadline, lease start + policy.delay_ms(attempt))``.
+delivered under one lease, say) points at one ``Slot``; an entry costs a dict slot, its
+offset's int and 8 bytes in the slot's offset array (about 100 bytes a message in batches of
+32, 270 received one at a time: ``states.measure_bytes_per_entry``). Expiry takes no event:
+a lease whose deadline passed is released by the clock, deliverable again at
+``max(deadline, lease start + policy.delay_ms(attempt))``.
+
+Two derived indexes keep a receive from walking every open entry: ``DueIndex`` (when leases
+end and released messages come due) and, for FIFO, ``GroupHeads`` (each message group's first
+open offset). Both are rebuilt from the entries when needed and never part of the state.
+
+Handle checks: an offset below the floor or done above it answers ACKED (a second ack of a
+message gets "already acked", whatever finished it), one beyond the cursor or never leased
+under the handle's lease UNKNOWN, an older lease SUPERSEDED, the current one OK until its
+deadline and EXPIRED after.
 
 The state changes only through ``apply(event, lease_id)``, deterministic and tolerant as a
 log replay must be (an item whose lease no longer matches lost a race and is ignored), so a
@@ -20,81 +31,37 @@ without changing anything: the caller appends ``plan.event(...)`` and applies it
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
-
-from tidemq.services.broker.receive.due_index import HELD, IN_FLIGHT, RELEASED, DueIndex, Slot
+from tidemq.services.broker.receive.decisions import (
+    Candidate,
+    HandleStatus,
+    NewMessages,
+    ReceivePlan,
+)
+from tidemq.services.broker.receive.due_index import (
+    HELD,
+    IN_FLIGHT,
+    RELEASED,
+    DueIndex,
+    Slot,
+    held_slot,
+)
 from tidemq.services.broker.receive.events import (
     Acked,
     Changed,
     Dead,
     Event,
     Init,
-    QueueKey,
     Received,
     Reset,
 )
 from tidemq.services.broker.receive.group_heads import GroupHeads
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 
+__all__ = ["Candidate", "HandleStatus", "NewMessages", "QueueInFlight", "ReceivePlan"]
+
 # Candidates one plan may look at: a backlog of messages that all fail the tag filter is
 # walked over a few receives, each recording a bounded Received event.
 MAX_SCAN_PER_PLAN = 4096
-
-
-class HandleStatus(enum.Enum):
-    OK = "ok"
-    EXPIRED = "expired"  # its lease ended; nobody else has it yet
-    ACKED = "acked"  # the message is done for the group (acked, dead-lettered, reset past)
-    SUPERSEDED = "superseded"  # a later lease (renewal, redelivery, nack) replaced this one
-    UNKNOWN = "unknown"  # never delivered under this lease (beyond the cursor, held, forged)
-
-
-class Candidate(NamedTuple):
-    offset: int
-    matches: bool
-    group_hash: int
-    message: object  # opaque payload the reader wants back in the plan
-
-
-class NewMessages(Protocol):
-    def read(self, from_offset: int, max_count: int) -> list[Candidate]:
-        """Up to ``max_count`` messages from ``from_offset`` on, in order; [] at the end."""
-        ...
-
-
-_HELD_SLOTS: dict[int, Slot] = {}
-
-
-def _held_slot(group_hash: int) -> Slot:
-    # Held entries of one message group are alike forever: one slot per group, process-wide.
-    s = _HELD_SLOTS.get(group_hash)
-    if s is None:
-        if len(_HELD_SLOTS) > 100_000:
-            _HELD_SLOTS.clear()
-        s = _HELD_SLOTS[group_hash] = Slot(HELD, 0, group_hash, 0, 0, 0)
-    return s
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivePlan:
-    # (offset, attempt, group hash, message or None for retries and held ones: read them)
-    delivered: list[tuple[int, int, int, object | None]]
-    filtered: tuple[int, ...]
-    held: tuple[tuple[int, int], ...]
-    cursor: int
-
-    def event(self, key: QueueKey, now_ms: int, invisible_until_ms: int) -> Received:
-        return Received(
-            key,
-            now_ms,
-            invisible_until_ms,
-            tuple((o, a, h) for o, a, h, _ in self.delivered),
-            self.filtered,
-            self.held,
-            self.cursor,
-        )
 
 
 class QueueInFlight:
@@ -189,7 +156,7 @@ class QueueInFlight:
                 s.join(offset)
         for offset, group_hash in ev.held:
             if old_cursor <= offset < new_cursor:
-                fresh.append((offset, _held_slot(group_hash)))
+                fresh.append((offset, held_slot(group_hash)))
                 self._held += 1
         if fresh:
             fresh.sort(key=lambda e: e[0])
