@@ -92,10 +92,11 @@ class RetryPolicy:
         return cls(tuple(p.delays_ms), p.initial_ms, p.max_ms, p.multiplier)
 
     def to_proto(self) -> Any:
-        if self.delays_ms:
-            return broker_pb2.RetryPolicy(delays_ms=list(self.delays_ms))
         return broker_pb2.RetryPolicy(
-            initial_ms=self.initial_ms, max_ms=self.max_ms, multiplier=self.multiplier
+            delays_ms=list(self.delays_ms),
+            initial_ms=self.initial_ms,
+            max_ms=self.max_ms,
+            multiplier=self.multiplier,
         )
 
 
