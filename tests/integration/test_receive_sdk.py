@@ -198,6 +198,37 @@ def test_push_consumer_success_failure_and_exception_with_retries_and_attempts(
     assert (stats.succeeded, stats.failed, stats.nacked, stats.ack_errors) == (3, 2, 2, 0)
 
 
+def test_push_consumer_failures_end_in_the_dlq_after_max_delivery_attempts(
+    cluster: Cluster,
+) -> None:
+    _topic(cluster, "doomed", "g-doomed", delays_s=[0.2], attempts=2)
+    [sent] = _send(cluster, "doomed", ["never works"])
+    attempts: list[int] = []
+
+    def listener(m: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
+        attempts.append(m.delivery_attempt)
+        return tidemq.ConsumeResult.FAILURE
+
+    config = tidemq.PushConsumerConfig(start_from="first")
+    with (
+        tidemq.PushConsumer(
+            "g-doomed", "doomed", listener, nameserver=cluster.address, config=config
+        ),
+        tidemq.Admin(cluster.address) as admin,
+    ):
+        dead: list[tidemq.ReceivedMessage] = []
+
+        def listed() -> bool:
+            dead[:] = admin.dead_letters("g-doomed")
+            return bool(dead)
+
+        wait_until(listed, 30, "the message dead-lettered")
+    assert attempts == [1, 2]
+    [d] = dead
+    assert d.properties["ORIGIN_MESSAGE_ID"] == sent.msg_id
+    assert d.properties["DLQ_DELIVERY_ATTEMPTS"] == "2"
+
+
 def test_push_consumer_runs_at_most_max_concurrency_listeners(cluster: Cluster) -> None:
     _topic(cluster, "busy", "g-busy", delays_s=[0.2])
     _send(cluster, "busy", [f"m{i}" for i in range(12)])
