@@ -235,6 +235,17 @@ def test_settling_many_makes_one_call_per_topic_and_broker_group_in_order() -> N
     ]
 
 
+def test_a_settle_call_that_fails_as_a_whole_fails_only_its_own_messages() -> None:
+    async def settle(topic: str, broker: str, handles: list[str]) -> Results:
+        if broker == "down":
+            raise errors.BrokerUnavailableError("no master", code="NOT_MASTER")
+        return [None] * len(handles)
+
+    messages = [_received("t", "down", "h1"), _received("t", "up", "h2")]
+    first, second = asyncio.run(settle_many(settle, messages))
+    assert isinstance(first, errors.BrokerUnavailableError) and second is None
+
+
 def test_settling_a_message_without_a_handle_is_refused_before_any_call() -> None:
     async def settle(
         topic: str, broker: str, handles: list[str]

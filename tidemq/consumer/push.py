@@ -158,6 +158,11 @@ class AsyncPushConsumer:
                 log.warning("receiving for %s failed: %s", self.group, e)
                 await asyncio.sleep(_retry_wait_s(failures))
                 continue
+            except Exception:
+                failures += 1
+                log.exception("receiving for %s failed unexpectedly", self.group)
+                await asyncio.sleep(_retry_wait_s(failures))
+                continue
             failures = 0
             self.stats.received += len(messages)
             for m in messages:

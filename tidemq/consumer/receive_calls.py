@@ -342,18 +342,24 @@ def check_handle(message: ReceivedMessage) -> None:
 async def settle_many(
     settle: SettleCall, messages: list[ReceivedMessage]
 ) -> list[TidemqError | None]:
-    """Runs ``settle`` once per (topic, broker group) of ``messages``; results in their order."""
+    """Runs ``settle`` once per (topic, broker group) of ``messages``; results in their order.
+    A call that failed as a whole (no master within the retries) is each of its messages'
+    error: the other groups' results stand."""
     for m in messages:
         check_handle(m)
     groups: dict[tuple[str, str], list[int]] = {}
     for i, m in enumerate(messages):
         groups.setdefault((m.topic, m.broker), []).append(i)
+
+    async def one(topic: str, broker: str, indexes: list[int]) -> list[TidemqError | None]:
+        try:
+            return await settle(topic, broker, [messages[i].receipt_handle for i in indexes])
+        except TidemqError as e:
+            return [e] * len(indexes)
+
     results: list[TidemqError | None] = [None] * len(messages)
     outcomes = await asyncio.gather(
-        *(
-            settle(topic, broker, [messages[i].receipt_handle for i in indexes])
-            for (topic, broker), indexes in groups.items()
-        )
+        *(one(topic, broker, indexes) for (topic, broker), indexes in groups.items())
     )
     for indexes, errors in zip(groups.values(), outcomes, strict=True):
         for i, e in zip(indexes, errors, strict=True):

@@ -112,8 +112,7 @@ class AsyncSimpleConsumer:
 
     async def ack_many(self, messages: Iterable[ReceivedMessage]) -> list[TidemqError | None]:
         """Acks many at once (one call per broker group and topic); for each message None, or
-        the error its ack got. Errors of the call itself (no master within
-        ``request_timeout_ms``) are raised."""
+        the error its ack got (its own, or its call's when that failed as a whole)."""
         self._check_open()
         return await settle_many(self._calls.ack, list(messages))
 
