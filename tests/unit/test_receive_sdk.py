@@ -235,6 +235,18 @@ def test_settling_many_makes_one_call_per_topic_and_broker_group_in_order() -> N
     ]
 
 
+def test_settling_more_than_the_brokers_limit_splits_the_calls() -> None:
+    sizes: list[int] = []
+
+    async def settle(topic: str, broker: str, handles: list[str]) -> Results:
+        sizes.append(len(handles))
+        return [None] * len(handles)
+
+    messages = [_received("t", "a", f"h{i}") for i in range(2_500)]
+    assert asyncio.run(settle_many(settle, messages)) == [None] * 2_500
+    assert sorted(sizes) == [452, 1024, 1024]
+
+
 def test_a_settle_call_that_fails_as_a_whole_fails_only_its_own_messages() -> None:
     async def settle(topic: str, broker: str, handles: list[str]) -> Results:
         if broker == "down":

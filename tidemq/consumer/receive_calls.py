@@ -36,6 +36,8 @@ from tidemq.types import ReceivedMessage
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 5.0
+# The broker's default limit of handles per ack/nack call (max_handles_per_call).
+MAX_HANDLES_PER_CALL = 1024
 
 # ack or nack: (topic, broker group, handles) -> one result per handle.
 SettleCall = Callable[[str, str, list[str]], Awaitable[list["TidemqError | None"]]]
@@ -342,7 +344,8 @@ def check_handle(message: ReceivedMessage) -> None:
 async def settle_many(
     settle: SettleCall, messages: list[ReceivedMessage]
 ) -> list[TidemqError | None]:
-    """Runs ``settle`` once per (topic, broker group) of ``messages``; results in their order.
+    """Runs ``settle`` once per (topic, broker group) of ``messages`` (per 1024 of them);
+    results in their order.
     A call that failed as a whole (no master within the retries) is each of its messages'
     error: the other groups' results stand."""
     for m in messages:
@@ -350,6 +353,11 @@ async def settle_many(
     groups: dict[tuple[str, str], list[int]] = {}
     for i, m in enumerate(messages):
         groups.setdefault((m.topic, m.broker), []).append(i)
+    calls = [
+        (topic, broker, indexes[at : at + MAX_HANDLES_PER_CALL])
+        for (topic, broker), indexes in groups.items()
+        for at in range(0, len(indexes), MAX_HANDLES_PER_CALL)
+    ]
 
     async def one(topic: str, broker: str, indexes: list[int]) -> list[TidemqError | None]:
         try:
@@ -358,10 +366,8 @@ async def settle_many(
             return [e] * len(indexes)
 
     results: list[TidemqError | None] = [None] * len(messages)
-    outcomes = await asyncio.gather(
-        *(one(topic, broker, indexes) for (topic, broker), indexes in groups.items())
-    )
-    for indexes, errors in zip(groups.values(), outcomes, strict=True):
+    outcomes = await asyncio.gather(*(one(*call) for call in calls))
+    for (_, _, indexes), errors in zip(calls, outcomes, strict=True):
         for i, e in zip(indexes, errors, strict=True):
             results[i] = e
     return results
