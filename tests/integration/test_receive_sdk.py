@@ -9,12 +9,15 @@ import dataclasses
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
 import tidemq
 from tests.integration.conftest import StartBroker, StartNameServer
+from tests.integration.failover import Group
 from tests.integration.test_sdk import Cluster, _routable, broker_flags
+from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq.errors import (
     ConsumeModelMismatch,
@@ -350,3 +353,43 @@ def test_a_group_that_consumes_by_offsets_refuses_a_simple_consumer(cluster: Clu
     with pytest.raises(ConsumeModelMismatch) as e:
         tidemq.SimpleConsumer("g-offsets", "mixed", nameserver=cluster.address)
     assert not e.value.retriable
+
+
+@pytest.fixture
+def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
+    g = Group(start_broker, zookeeper, zk_root)
+    yield g
+    g.thaw_all()
+
+
+def test_an_ack_after_the_master_is_killed_goes_to_the_new_master(
+    group: Group, start_nameserver: StartNameServer
+) -> None:
+    ns = group.routed(start_nameserver, "orders", 2)
+    first = group.master()
+    with tidemq.Admin(ns.address) as admin:
+        admin.update_consumer_group("g-failover", retry_delays_s=[0.2])
+    _send_to(ns.address, "orders", ["a", "b"])
+    config = tidemq.SimpleConsumerConfig(start_from="first", request_timeout_ms=30_000)
+    with tidemq.SimpleConsumer("g-failover", "orders", nameserver=ns.address, config=config) as c:
+        got: list[tidemq.ReceivedMessage] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += c.receive(2 - len(got), 60.0, timeout_s=1.0)
+        assert sorted(m.body for m in got) == [b"a", b"b"]
+        c.ack(got[0])
+        group.kill(first)
+        # The handle names the broker group, not the dead broker: the ack waits for the
+        # election and lands on the new master, which knows the lease from the replicated log.
+        c.ack(got[1])
+        second = group.master(not_id=first)
+        assert second != first
+        with tidemq.Admin(ns.address) as admin:
+            queues = admin.receive_state("g-failover", "orders").queues
+        assert sum(q.inflight + q.retrying for q in queues) == 0
+        assert all(q.done_offset == q.max_offset for q in queues)
+
+
+def _send_to(nameserver: str, topic: str, bodies: list[str]) -> None:
+    with tidemq.Producer(nameserver) as producer:
+        assert all(producer.send(topic, b).ok for b in bodies)
