@@ -20,9 +20,11 @@ from tests.integration.test_sdk import Cluster, _routable, broker_flags
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq.errors import (
+    ConsumeDisabled,
     ConsumeModelMismatch,
     InvalidArgumentError,
     MessageAlreadyAcked,
+    NotFoundError,
     ReceiptHandleExpired,
 )
 
@@ -343,6 +345,56 @@ def test_asyncio_simple_and_push_consumers(cluster: Cluster) -> None:
 async def _acked(consumer: tidemq.AsyncPushConsumer, n: int) -> None:
     while consumer.stats.acked < n:  # noqa: ASYNC110 - the stats have no event to wait on
         await asyncio.sleep(0.01)
+
+
+def test_receives_reach_every_broker_group_of_the_topic(cluster: Cluster) -> None:
+    b = cluster.start_broker(*broker_flags(cluster.nameserver, "broker-b"), store="broker-b")
+    cluster.brokers["broker-b"] = b
+    with tidemq.Admin(cluster.address) as admin:
+        assert admin.create_topic("spread", queues=2) == ["broker-a", "broker-b"]
+    results = _send(cluster, "spread", [f"m{i}" for i in range(12)])
+    assert {r.broker for r in results} == {"broker-a", "broker-b"}
+    with tidemq.SimpleConsumer("g-spread", "spread", nameserver=cluster.address, config=FAST) as c:
+        got = _receive_n(c, 12, invisible_s=30.0)
+        assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in results)
+        assert {m.broker for m in got} == {"broker-a", "broker-b"}
+        # One call per broker group; each goes to the master of the message's group.
+        assert c.ack_many(got) == [None] * 12
+
+
+def test_admin_reads_changes_lists_and_deletes_a_consumer_group(cluster: Cluster) -> None:
+    with tidemq.Admin(cluster.address) as admin:
+        admin.create_topic("settings", queues=1)
+        updated = admin.update_consumer_group(
+            "g-settings",
+            max_delivery_attempts=3,
+            retry_policy=tidemq.admin.RetryPolicy.exponential(500, 8_000, 2.0),
+            fifo=True,
+        )
+        assert (updated.max_delivery_attempts, updated.fifo, updated.consume_enabled) == (
+            3,
+            True,
+            True,
+        )
+        with tidemq.SimpleConsumer(
+            "g-settings", "settings", nameserver=cluster.address, config=FAST
+        ):
+            g = admin.get_consumer_group("g-settings")
+        assert (g.model, g.brokers) == ("receive", ("broker-a",))
+        assert g.retry_policy == tidemq.admin.RetryPolicy.exponential(500, 8_000, 2.0)
+        assert "g-settings" in {x.group for x in admin.list_consumer_groups()}
+        paused = admin.update_consumer_group("g-settings", consume_enabled=False)
+        assert not paused.consume_enabled and paused.fifo  # only the named setting changed
+        with (
+            tidemq.SimpleConsumer(
+                "g-settings", "settings", nameserver=cluster.address, config=FAST
+            ) as c,
+            pytest.raises(ConsumeDisabled),
+        ):
+            c.receive(1, 30.0, timeout_s=0)
+        assert admin.delete_consumer_group("g-settings") == ["broker-a"]
+        with pytest.raises(NotFoundError):
+            admin.get_consumer_group("g-settings")
 
 
 def test_a_group_that_consumes_by_offsets_refuses_a_simple_consumer(cluster: Cluster) -> None:
