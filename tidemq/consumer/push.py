@@ -372,6 +372,11 @@ class PushConsumer:
             await core.close()
             raise
 
+    def start(self) -> PushConsumer:
+        """The constructor has started it already (as ``Consumer``); for code written against
+        RocketMQ's clients and the asyncio version, which start explicitly."""
+        return self
+
     def __enter__(self) -> PushConsumer:
         return self
 
