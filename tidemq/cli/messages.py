@@ -33,7 +33,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 tag=args.tag,
                 keys=args.key,
                 properties=props,
-                sharding_key=args.sharding_key,
+                sharding_key=args.message_group,
             )
             for _ in range(args.count)
         ]
@@ -104,7 +104,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     s.add_argument(
         "--property", action="append", default=[], metavar="NAME=VALUE", help="(repeatable)"
     )
-    s.add_argument("--sharding-key", help="same key, same queue: ordered per key")
+    s.add_argument(
+        "--message-group",
+        "--sharding-key",
+        dest="message_group",
+        metavar="NAME",
+        help="one message group, one queue: ordered per group (FIFO receive groups)",
+    )
     s.add_argument("--count", type=int, default=1, help="send the message this many times")
     s.add_argument("--json", action="store_true", help="one JSON object per result")
     add_nameserver(s)
