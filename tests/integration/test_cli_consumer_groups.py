@@ -28,8 +28,9 @@ def ns(start_nameserver: StartNameServer, start_broker: StartBroker) -> str:
     )
     address = nameserver.address
     wait_until(
-        lambda: tidemq(address, "topic", "create", TOPIC, "--queues", "2", check=False).returncode
-        == 0,
+        lambda: (
+            tidemq(address, "topic", "create", TOPIC, "--queues", "2", check=False).returncode == 0
+        ),
         30,
         "the broker to be routed and the topic created",
     )
@@ -185,6 +186,7 @@ def test_mixing_the_two_models_and_a_disabled_group_are_one_line_errors(ns: str)
 
 
 def test_bad_input_gets_one_line_and_changes_nothing(ns: str) -> None:
+    tidemq(ns, "consumer-group", "update", "g", "--no-fifo")
     zero = tidemq(ns, "receive", TOPIC, "--group", "g", "--invisible", "0s", check=False)
     one_line_error(zero, "'0s'", exit_status=2)
     too_long = tidemq(ns, "receive", TOPIC, "--group", "g", "--invisible", "30h", check=False)

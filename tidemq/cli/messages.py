@@ -88,6 +88,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
             if batch:
                 received += len(batch)
                 idle_deadline = time.monotonic() + args.timeout
+            elif consumer.last_error is not None and not consumer.last_error.retriable:
+                # The consumer keeps trying in the background (a heartbeat, a pull); a command
+                # that got nothing says why rather than exit 0 as if the topic were empty.
+                raise consumer.last_error
         if not args.no_commit:
             consumer.commit()
     if not args.json:
