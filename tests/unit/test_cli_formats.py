@@ -76,6 +76,9 @@ def test_update_flags_name_exactly_the_settings_to_change() -> None:
         "model": "receive",
     }
     assert _update("--retry-delays", "1s,5s,2m") == {"retry_delays_s": [1.0, 5.0, 120.0]}
+    # The setting's own name works too (the broker's CONSUME_DISABLED message names it).
+    assert _update("--consume-enabled", "true") == {"consume_enabled": True}
+    assert _update("--consume-enabled", "False") == {"consume_enabled": False}
 
 
 def test_update_without_a_setting_or_with_two_retry_policies_is_refused() -> None:
@@ -85,3 +88,5 @@ def test_update_without_a_setting_or_with_two_retry_policies_is_refused() -> Non
         _update("--retry-delays", "1s", "--retry-multiplier", "2")
     with pytest.raises(SystemExit):  # argparse: --fifo and --no-fifo exclude each other
         _update("--fifo", "--no-fifo")
+    with pytest.raises(SystemExit):
+        _update("--consume-enabled", "maybe")

@@ -52,6 +52,13 @@ def _retry_text(policy: dict[str, Any]) -> str:
     )
 
 
+def _true_or_false(text: str) -> bool:
+    value = {"true": True, "false": False}.get(text.lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: true or false")
+    return value
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     with Admin(args.nameserver) as admin:
         groups = [group_json(g) for g in admin.list_consumer_groups()]
@@ -213,6 +220,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     fifo.add_argument("--no-fifo", dest="fifo", action="store_const", const=False)
     enabled = u.add_mutually_exclusive_group()
+    enabled.add_argument(
+        "--consume-enabled",
+        type=_true_or_false,
+        metavar="true|false",
+        help="false pauses the group (receives answer CONSUME_DISABLED); true resumes it",
+    )
     enabled.add_argument(
         "--enable", dest="consume_enabled", action="store_const", const=True, help="resume"
     )
