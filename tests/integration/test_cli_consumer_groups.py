@@ -96,7 +96,7 @@ def test_consumer_group_update_describe_and_list_show_settings_and_in_flight(ns:
 
     described = json.loads(tidemq(ns, "consumer-group", "describe", group, "--json").stdout)
     assert (described["model"], described["fifo"], described["consume_enabled"]) == (
-        "RECEIVE",
+        "receive",
         True,
         True,
     )
@@ -108,19 +108,19 @@ def test_consumer_group_update_describe_and_list_show_settings_and_in_flight(ns:
     assert described["dead_letters"] == 0
 
     text = tidemq(ns, "consumer-group", "describe", group).stdout
-    assert "model RECEIVE, fifo on, consume enabled, max delivery attempts 5" in text
+    assert "model receive, fifo on, consume enabled, max delivery attempts 5" in text
     assert "retry delays: 1s 2s 1m" in text
     header = next(line for line in text.splitlines() if line.startswith("TOPIC"))
     assert header.split() == [
         *("TOPIC", "BROKER", "QUEUE", "DONE", "NEXT", "MAX"),
-        *("INFLIGHT", "RETRYING", "HELD", "LAG"),
+        *("INFLIGHT", "RETRYING", "BLOCKED", "LAG"),
     ]
 
     listed = json.loads(tidemq(ns, "consumer-group", "list", "--json").stdout)
     assert group in [g["group"] for g in listed]
     table = tidemq(ns, "consumer-group", "list").stdout.splitlines()
     assert table[0].split()[:3] == ["GROUP", "MODEL", "FIFO"]
-    assert any(line.split()[:3] == [group, "RECEIVE", "yes"] for line in table[1:])
+    assert any(line.split()[:3] == [group, "receive", "yes"] for line in table[1:])
 
     tidemq(ns, "consumer-group", "delete", group)
     gone = json.loads(tidemq(ns, "consumer-group", "list", "--json").stdout)

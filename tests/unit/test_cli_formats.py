@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tidemq.admin import RetryPolicy
 from tidemq.cli import build_parser
 from tidemq.cli.consumer_groups import update_kwargs
 from tidemq.cli.durations import format_ms, parse_seconds, parse_seconds_list
@@ -79,6 +80,17 @@ def test_update_flags_name_exactly_the_settings_to_change() -> None:
     # The setting's own name works too (the broker's CONSUME_DISABLED message names it).
     assert _update("--consume-enabled", "true") == {"consume_enabled": True}
     assert _update("--consume-enabled", "False") == {"consume_enabled": False}
+
+
+def test_update_retry_flags_become_the_admins_retry_policy() -> None:
+    assert _update("--retry-initial", "500ms", "--retry-max", "10m", "--retry-multiplier", "3") == {
+        "retry_policy": RetryPolicy.exponential(initial_ms=500, max_ms=600_000, multiplier=3.0)
+    }
+    # Unnamed exponential fields take their defaults; --retry-default is the 18 levels again.
+    assert _update("--retry-multiplier", "1.5") == {
+        "retry_policy": RetryPolicy.exponential(initial_ms=1000, max_ms=7_200_000, multiplier=1.5)
+    }
+    assert _update("--retry-default") == {"retry_policy": RetryPolicy()}
 
 
 def test_update_without_a_setting_or_with_two_retry_policies_is_refused() -> None:

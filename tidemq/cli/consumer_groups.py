@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tidemq.admin import Admin
+from tidemq.admin import Admin, RetryPolicy
 from tidemq.cli.common import add_nameserver, print_json
 from tidemq.cli.durations import format_ms, parse_seconds, parse_seconds_list
-from tidemq.cli.group_views import call_update, group_json, offsets_rows, receive_rows
+from tidemq.cli.group_views import group_json, offsets_rows, receive_rows
 from tidemq.cli.tables import print_rows, print_table
+from tidemq.errors import NotFoundError
 
 MODELS = ("offsets", "receive")
 # (header, key) of the per-queue tables of `describe`.
@@ -29,7 +30,7 @@ RECEIVE_COLUMNS = (
     ("MAX", "max_offset"),
     ("INFLIGHT", "inflight"),
     ("RETRYING", "retrying"),
-    ("HELD", "held"),
+    ("BLOCKED", "blocked"),
     ("LAG", "lag"),
 )
 OFFSETS_COLUMNS = (
@@ -87,10 +88,12 @@ def cmd_describe(args: argparse.Namespace) -> int:
     with Admin(args.nameserver) as admin:
         group = group_json(admin.get_consumer_group(args.group))
         topics = [args.topic] if args.topic else group["topics"]
-        if group["model"] == "RECEIVE":
+        if group["model"] == "receive":
             state = admin.receive_state(args.group, args.topic)
-            rows, dead = receive_rows(state)
-            queues: dict[str, Any] = {"receive": rows, "dead_letters": dead}
+            queues: dict[str, Any] = {
+                "receive": receive_rows(state),
+                "dead_letters": state.dead_letters,
+            }
         else:
             queues = {
                 "offsets": offsets_rows(
@@ -102,7 +105,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
         return 0
     print(f"consumer group {group['group']}")
     print(
-        f"  model {group['model']}, fifo {'on' if group['fifo'] else 'off'}, "
+        f"  model {group['model'] or 'not used yet'}, fifo {'on' if group['fifo'] else 'off'}, "
         f"consume {'enabled' if group['consume_enabled'] else 'DISABLED'}, "
         f"max delivery attempts {group['max_delivery_attempts']}"
     )
@@ -134,13 +137,13 @@ def update_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     if args.retry_delays is not None:
         changes["retry_delays_s"] = parse_seconds_list(args.retry_delays)
     elif any(x is not None for x in exponential):
-        changes["retry_exponential"] = {
-            "initial_s": parse_seconds(args.retry_initial or "1s"),
-            "max_s": parse_seconds(args.retry_max or "2h"),
-            "multiplier": 2.0 if args.retry_multiplier is None else args.retry_multiplier,
-        }
+        changes["retry_policy"] = RetryPolicy.exponential(
+            initial_ms=round(parse_seconds(args.retry_initial or "1s") * 1000),
+            max_ms=round(parse_seconds(args.retry_max or "2h") * 1000),
+            multiplier=2.0 if args.retry_multiplier is None else args.retry_multiplier,
+        )
     elif args.retry_default:
-        changes["retry_default"] = True
+        changes["retry_policy"] = RetryPolicy()
     if args.fifo is not None:
         changes["fifo"] = args.fifo
     if args.consume_enabled is not None:
@@ -155,12 +158,12 @@ def update_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_update(args: argparse.Namespace) -> int:
     changes = update_kwargs(args)
     with Admin(args.nameserver) as admin:
-        group = group_json(call_update(admin, args.group, changes))
+        group = group_json(admin.update_consumer_group(args.group, **changes))
     if args.json:
         print_json(group)
         return 0
     print(
-        f"consumer group {group['group']}: model {group['model']}, "
+        f"consumer group {group['group']}: model {group['model'] or 'not used yet'}, "
         f"fifo {'on' if group['fifo'] else 'off'}, "
         f"consume {'enabled' if group['consume_enabled'] else 'DISABLED'}, "
         f"max delivery attempts {group['max_delivery_attempts']}, "
@@ -171,8 +174,12 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     with Admin(args.nameserver) as admin:
-        admin.delete_consumer_group(args.group)
-    print(f"consumer group {args.group} deleted")
+        brokers = admin.delete_consumer_group(args.group)
+    if not brokers:
+        raise NotFoundError(
+            f"consumer group {args.group!r} not found on any master", code="GROUP_NOT_FOUND"
+        )
+    print(f"consumer group {args.group} deleted from {', '.join(brokers)}")
     return 0
 
 

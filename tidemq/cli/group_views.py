@@ -6,17 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tidemq.admin import Admin, QueueStatus
+from tidemq.admin import ConsumerGroup, QueueStatus, ReceiveState
 
 
-def group_json(g: Any) -> dict[str, Any]:
-    """One consumer group's settings (``Admin.get_consumer_group``'s value)."""
+def group_json(g: ConsumerGroup) -> dict[str, Any]:
+    """One consumer group's settings; ``model`` is None while no member has used it."""
     policy = g.retry_policy
     return {
         "group": g.group,
-        "model": g.model,
-        "mode": g.mode,
+        "model": g.model or None,
+        "mode": g.mode or None,
         "topics": sorted(g.topics),
+        "brokers": list(g.brokers),
         "created_ms": g.created_ms,
         "max_delivery_attempts": g.max_delivery_attempts,
         "retry_policy": {
@@ -30,8 +31,8 @@ def group_json(g: Any) -> dict[str, Any]:
     }
 
 
-def receive_rows(state: Any) -> tuple[list[dict[str, Any]], int]:
-    """Per queue figures of a receive group (``Admin.receive_state``) and its dead letters."""
+def receive_rows(state: ReceiveState) -> list[dict[str, Any]]:
+    """Per queue figures of a receive group, by topic, broker group and queue."""
     rows = [
         {
             "topic": q.topic,
@@ -42,16 +43,17 @@ def receive_rows(state: Any) -> tuple[list[dict[str, Any]], int]:
             "max_offset": q.max_offset,
             "inflight": q.inflight,
             "retrying": q.retrying,
-            "held": q.held,
-            "lag": max(0, q.max_offset - q.done_offset),
+            "blocked": q.blocked,
+            "lag": q.lag,
         }
         for q in state.queues
     ]
     rows.sort(key=lambda r: (r["topic"], r["broker"], r["queue_id"]))
-    return rows, int(state.dead_letters)
+    return rows
 
 
 def offsets_rows(by_topic: Mapping[str, Sequence[QueueStatus]]) -> list[dict[str, Any]]:
+    """Per queue committed offsets of an offsets group."""
     return [
         {
             "topic": topic,
@@ -65,9 +67,3 @@ def offsets_rows(by_topic: Mapping[str, Sequence[QueueStatus]]) -> list[dict[str
         for topic, queues in sorted(by_topic.items())
         for q in queues
     ]
-
-
-def call_update(admin: Admin, group: str, changes: Mapping[str, Any]) -> Any:
-    """``Admin.update_consumer_group`` with what ``consumer-group update``'s flags asked for."""
-    kwargs = dict(changes)
-    return admin.update_consumer_group(group, **kwargs)

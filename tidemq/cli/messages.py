@@ -33,7 +33,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 tag=args.tag,
                 keys=args.key,
                 properties=props,
-                sharding_key=args.message_group,
+                message_group=args.message_group,
             )
             for _ in range(args.count)
         ]
