@@ -197,7 +197,7 @@ def test_bad_input_gets_one_line_and_changes_nothing(ns: str) -> None:
     one_line_error(attempts, "INVALID_ARGUMENT")
     nothing = tidemq(ns, "consumer-group", "update", "g", check=False)
     one_line_error(nothing, "nothing to change", exit_status=2)
-    both = tidemq(ns, "dlq", "resend", "g", "--all", "abc", check=False)
+    both = tidemq(ns, "dlq", "resend", "g", "abc", "--all", check=False)
     one_line_error(both, "give the message ids", exit_status=2)
     settings = json.loads(tidemq(ns, "consumer-group", "describe", "g", "--json").stdout)
     assert settings["max_delivery_attempts"] == 16  # the refused update changed nothing
