@@ -57,6 +57,14 @@ def test_tables_right_align_numbers_and_show_missing_cells_as_a_dash() -> None:
     assert {len(line.split()) for line in lines} == {3}
 
 
+def test_a_column_of_numbers_with_a_missing_one_stays_right_aligned() -> None:
+    assert render(("QUEUE", "COMMITTED"), [(0, None), (1, 1234)]) == [
+        "QUEUE  COMMITTED",
+        "    0          -",
+        "    1       1234",
+    ]
+
+
 def test_a_cell_with_a_newline_stays_on_its_row() -> None:
     assert render(("A",), [("two\nlines",)]) == ["A", "two lines"]
 

@@ -67,6 +67,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         print_json(groups)
         return 0
+    if not groups:
+        print("no consumer groups")
+        return 0
     print_table(
         ("GROUP", "MODEL", "FIFO", "ENABLED", "ATTEMPTS", "TOPICS"),
         [

@@ -47,6 +47,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         for m in messages:
             print(json.dumps(m))
         return 0
+    if not messages:
+        print(f"the dead-letter queue of {args.group} is empty")
+        return 0
     print_table(
         ("MSG_ID", "TOPIC", "ATTEMPTS", "REASON", "BODY"),
         [
@@ -92,7 +95,7 @@ def cmd_resend(args: argparse.Namespace) -> int:
             try:
                 results.append(_result_json(msg_id, admin.resend_dead_letter(args.group, msg_id)))
             except TidemqError as e:
-                print(f"tidemq: {msg_id}: {e}", file=sys.stderr)
+                print(f"tidemq: {e}", file=sys.stderr)
                 failed += 1
     if args.json:
         print_json(results)

@@ -43,7 +43,7 @@ def _settle(consumer: Any, m: ReceivedMessage, args: argparse.Namespace) -> str:
 def _line(m: ReceivedMessage, outcome: str) -> str:
     tag = f" tag={m.tag}" if m.tag else ""
     keys = f" keys={','.join(m.keys)}" if m.keys else ""
-    group = f" group={m.message_group}" if m.message_group else ""
+    group = f" message_group={m.message_group}" if m.message_group else ""
     body = m.body.decode(errors="replace").replace("\n", "\\n")
     return (
         f"{m.topic}@{m.broker}#{m.queue_id} offset {m.queue_offset} "

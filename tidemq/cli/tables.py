@@ -21,9 +21,13 @@ def cell_text(value: Cell) -> str:
 def render(headers: Sequence[str], rows: Sequence[Sequence[Cell]]) -> list[str]:
     """The table's lines (without newlines); an empty table is its header line alone."""
     texts = [[cell_text(c) for c in row] for row in rows]
+    # A column of numbers (a missing one among them included) is right-aligned.
     numeric = [
-        all(isinstance(row[i], int | float) and not isinstance(row[i], bool) for row in rows)
-        and bool(rows)
+        any(row[i] is not None for row in rows)
+        and all(
+            row[i] is None or (isinstance(row[i], int | float) and not isinstance(row[i], bool))
+            for row in rows
+        )
         for i in range(len(headers))
     ]
     widths = [max([len(h)] + [len(t[i]) for t in texts]) for i, h in enumerate(headers)]
