@@ -58,10 +58,9 @@ def test_receive_prints_and_acks_each_message_once(ns: str) -> None:
     assert all(m["receipt_handle"] for m in got)
     # Acked: nobody in the group gets them again.
     assert received(ns, "billing") == []
-    text = tidemq(ns, "send", TOPIC, "plain")
-    assert text.returncode == 0
+    tidemq(ns, "send", TOPIC, "plain", "--message-group", "cust-1")
     line = tidemq(ns, "receive", TOPIC, "--group", "billing", "--timeout", "1")
-    assert " attempt 1 acked" in line.stdout and line.stdout.rstrip().endswith(": plain")
+    assert " attempt 1 acked message_group=cust-1: plain" in line.stdout
     assert "1 message(s): 1 acked" in line.stderr
 
 
@@ -89,10 +88,15 @@ def test_consumer_group_update_describe_and_list_show_settings_and_in_flight(ns:
     )
     assert (updated["max_delivery_attempts"], updated["fifo"]) == (5, True)
     assert updated["retry_policy"]["delays_ms"] == [1000, 2000, 60_000]
-    tidemq(ns, "send", TOPIC, "job", "--count", "4")
-    # Held, not acked: in flight for a minute.
-    held = received(ns, group, "--count", "3", "--no-ack", "--invisible", "1m")
-    assert [m["outcome"] for m in held] == ["left"] * 3
+    tidemq(ns, "send", TOPIC, "job", "--count", "3")
+    tidemq(ns, "send", TOPIC, "step", "--message-group", "cust-1", "--count", "2")
+    # Left, not acked: in flight for a minute. FIFO: the second step waits for the first.
+    held = received(ns, group, "--count", "10", "--no-ack", "--invisible", "1m")
+    assert [m["outcome"] for m in held] == ["left"] * 4
+    assert sorted((m["body"], m["message_group"]) for m in held) == [
+        *[("job", None)] * 3,
+        ("step", "cust-1"),
+    ]
 
     described = json.loads(tidemq(ns, "consumer-group", "describe", group, "--json").stdout)
     assert (described["model"], described["fifo"], described["consume_enabled"]) == (
@@ -102,9 +106,10 @@ def test_consumer_group_update_describe_and_list_show_settings_and_in_flight(ns:
     )
     queues = described["receive"]
     assert {q["topic"] for q in queues} == {TOPIC}
-    assert sum(q["inflight"] for q in queues) == 3
-    assert sum(q["max_offset"] for q in queues) == 4
-    assert sum(q["lag"] for q in queues) == 4  # nothing is done yet
+    assert sum(q["inflight"] for q in queues) == 4
+    assert sum(q["blocked"] for q in queues) == 1
+    assert sum(q["max_offset"] for q in queues) == 5
+    assert sum(q["lag"] for q in queues) == 5  # nothing is done yet
     assert described["dead_letters"] == 0
 
     text = tidemq(ns, "consumer-group", "describe", group).stdout
@@ -174,6 +179,9 @@ def test_mixing_the_two_models_and_a_disabled_group_are_one_line_errors(ns: str)
     tidemq(ns, "consume", TOPIC, "--group", "pullers", "--timeout", "1")
     popped = tidemq(ns, "receive", TOPIC, "--group", "pullers", "--timeout", "1", check=False)
     one_line_error(popped, "CONSUME_MODEL_MISMATCH")
+    pullers = json.loads(tidemq(ns, "consumer-group", "describe", "pullers", "--json").stdout)
+    assert pullers["model"] == "offsets"
+    assert sum(q["committed_offset"] or 0 for q in pullers["offsets"]) == 1  # consume committed
     # An operator switches it; then it receives.
     tidemq(ns, "consumer-group", "update", "pullers", "--model", "receive")
     assert tidemq(ns, "receive", TOPIC, "--group", "pullers", "--timeout", "1").returncode == 0
