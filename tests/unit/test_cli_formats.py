@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tidemq.admin import RetryPolicy
-from tidemq.cli import build_parser
+from tidemq.cli import build_parser, main
 from tidemq.cli.consumer_groups import update_kwargs
 from tidemq.cli.durations import format_ms, parse_seconds, parse_seconds_list
 from tidemq.cli.tables import render
@@ -110,3 +110,25 @@ def test_update_without_a_setting_or_with_two_retry_policies_is_refused() -> Non
         _update("--fifo", "--no-fifo")
     with pytest.raises(SystemExit):
         _update("--consume-enabled", "maybe")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["receive", "t", "--group", "g", "--count", "0"], "--count must be > 0"),
+        (["receive", "t", "--group", "g", "--timeout", "inf"], "--timeout must be"),
+        (["receive", "t", "--group", "g", "--invisible", "0s"], "more than zero"),
+        (["receive", "t", "--group", "g", "--from", "yesterday"], "--from takes"),
+        (["consumer-group", "update", "g"], "nothing to change"),
+        (["consumer-group", "update", "g", "--retry-multiplier", "0.5"], "multiplier >= 1"),
+        (["dlq", "list", "g", "--limit", "0"], "--limit must be > 0"),
+        (["dlq", "resend", "g"], "give the message ids"),
+    ],
+)
+def test_bad_flags_are_one_line_and_exit_2_before_any_call(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No nameserver listens on port 1: a command that got as far as calling one would exit 1.
+    assert main([*argv, "--nameserver", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tidemq: ") and says in err and err.count("\n") == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -54,8 +55,8 @@ def _line(m: ReceivedMessage, outcome: str) -> str:
 def cmd_receive(args: argparse.Namespace) -> int:
     if args.count <= 0:
         raise ValueError("--count must be > 0")
-    if args.timeout < 0:
-        raise ValueError("--timeout must be >= 0")
+    if not math.isfinite(args.timeout) or args.timeout < 0:
+        raise ValueError("--timeout must be a number of seconds >= 0")
     invisible_s = parse_seconds(args.invisible)
     start_from: str | int = args.start_from
     if args.start_from not in ("first", "last"):
