@@ -9,17 +9,22 @@ import dataclasses
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 
 import pytest
 
 import tidemq
 from tests.integration.conftest import StartBroker, StartNameServer
+from tests.integration.failover import Group
 from tests.integration.test_sdk import Cluster, _routable, broker_flags
+from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq.errors import (
+    ConsumeDisabled,
     ConsumeModelMismatch,
     InvalidArgumentError,
     MessageAlreadyAcked,
+    NotFoundError,
     ReceiptHandleExpired,
 )
 
@@ -342,6 +347,56 @@ async def _acked(consumer: tidemq.AsyncPushConsumer, n: int) -> None:
         await asyncio.sleep(0.01)
 
 
+def test_receives_reach_every_broker_group_of_the_topic(cluster: Cluster) -> None:
+    b = cluster.start_broker(*broker_flags(cluster.nameserver, "broker-b"), store="broker-b")
+    cluster.brokers["broker-b"] = b
+    with tidemq.Admin(cluster.address) as admin:
+        assert admin.create_topic("spread", queues=2) == ["broker-a", "broker-b"]
+    results = _send(cluster, "spread", [f"m{i}" for i in range(12)])
+    assert {r.broker for r in results} == {"broker-a", "broker-b"}
+    with tidemq.SimpleConsumer("g-spread", "spread", nameserver=cluster.address, config=FAST) as c:
+        got = _receive_n(c, 12, invisible_s=30.0)
+        assert sorted(m.msg_id for m in got) == sorted(r.msg_id for r in results)
+        assert {m.broker for m in got} == {"broker-a", "broker-b"}
+        # One call per broker group; each goes to the master of the message's group.
+        assert c.ack_many(got) == [None] * 12
+
+
+def test_admin_reads_changes_lists_and_deletes_a_consumer_group(cluster: Cluster) -> None:
+    with tidemq.Admin(cluster.address) as admin:
+        admin.create_topic("settings", queues=1)
+        updated = admin.update_consumer_group(
+            "g-settings",
+            max_delivery_attempts=3,
+            retry_policy=tidemq.admin.RetryPolicy.exponential(500, 8_000, 2.0),
+            fifo=True,
+        )
+        assert (updated.max_delivery_attempts, updated.fifo, updated.consume_enabled) == (
+            3,
+            True,
+            True,
+        )
+        with tidemq.SimpleConsumer(
+            "g-settings", "settings", nameserver=cluster.address, config=FAST
+        ):
+            g = admin.get_consumer_group("g-settings")
+        assert (g.model, g.brokers) == ("receive", ("broker-a",))
+        assert g.retry_policy == tidemq.admin.RetryPolicy.exponential(500, 8_000, 2.0)
+        assert "g-settings" in {x.group for x in admin.list_consumer_groups()}
+        paused = admin.update_consumer_group("g-settings", consume_enabled=False)
+        assert not paused.consume_enabled and paused.fifo  # only the named setting changed
+        with (
+            tidemq.SimpleConsumer(
+                "g-settings", "settings", nameserver=cluster.address, config=FAST
+            ) as c,
+            pytest.raises(ConsumeDisabled),
+        ):
+            c.receive(1, 30.0, timeout_s=0)
+        assert admin.delete_consumer_group("g-settings") == ["broker-a"]
+        with pytest.raises(NotFoundError):
+            admin.get_consumer_group("g-settings")
+
+
 def test_a_group_that_consumes_by_offsets_refuses_a_simple_consumer(cluster: Cluster) -> None:
     with tidemq.Admin(cluster.address) as admin:
         admin.create_topic("mixed", queues=1)
@@ -350,3 +405,43 @@ def test_a_group_that_consumes_by_offsets_refuses_a_simple_consumer(cluster: Clu
     with pytest.raises(ConsumeModelMismatch) as e:
         tidemq.SimpleConsumer("g-offsets", "mixed", nameserver=cluster.address)
     assert not e.value.retriable
+
+
+@pytest.fixture
+def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
+    g = Group(start_broker, zookeeper, zk_root)
+    yield g
+    g.thaw_all()
+
+
+def test_an_ack_after_the_master_is_killed_goes_to_the_new_master(
+    group: Group, start_nameserver: StartNameServer
+) -> None:
+    ns = group.routed(start_nameserver, "orders", 2)
+    first = group.master()
+    with tidemq.Admin(ns.address) as admin:
+        admin.update_consumer_group("g-failover", retry_delays_s=[0.2])
+    _send_to(ns.address, "orders", ["a", "b"])
+    config = tidemq.SimpleConsumerConfig(start_from="first", request_timeout_ms=30_000)
+    with tidemq.SimpleConsumer("g-failover", "orders", nameserver=ns.address, config=config) as c:
+        got: list[tidemq.ReceivedMessage] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += c.receive(2 - len(got), 60.0, timeout_s=1.0)
+        assert sorted(m.body for m in got) == [b"a", b"b"]
+        c.ack(got[0])
+        group.kill(first)
+        # The handle names the broker group, not the dead broker: the ack waits for the
+        # election and lands on the new master, which knows the lease from the replicated log.
+        c.ack(got[1])
+        second = group.master(not_id=first)
+        assert second != first
+        with tidemq.Admin(ns.address) as admin:
+            queues = admin.receive_state("g-failover", "orders").queues
+        assert sum(q.inflight + q.retrying for q in queues) == 0
+        assert all(q.done_offset == q.max_offset for q in queues)
+
+
+def _send_to(nameserver: str, topic: str, bodies: list[str]) -> None:
+    with tidemq.Producer(nameserver) as producer:
+        assert all(producer.send(topic, b).ok for b in bodies)

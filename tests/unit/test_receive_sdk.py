@@ -17,7 +17,7 @@ from tidemq.admin.consumer_groups import DEFAULT_DELAYS_MS
 from tidemq.consumer import push, simple
 from tidemq.consumer.acks import AckBatcher, PendingAcks
 from tidemq.consumer.push import consume_outcome
-from tidemq.consumer.receive_calls import ReceiveCalls, per_handle, settle_many
+from tidemq.consumer.receive_calls import ReceiveCalls
 from tidemq.consumer.receive_config import (
     PushConsumerConfig,
     SimpleConsumerConfig,
@@ -25,6 +25,7 @@ from tidemq.consumer.receive_config import (
     subscriptions_of,
 )
 from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
+from tidemq.consumer.settling import per_handle, settle_many
 from tidemq.errors import from_detail, from_rpc_error
 from tidemq.producer.pending import Pending
 from tidemq.producer.sender import _add_to_request
