@@ -4,13 +4,21 @@ SIGKILL and restart, and a slave that rebuilds the master's state from the repli
 
 from __future__ import annotations
 
+import signal
 import time
 
 import grpc
 import pytest
 
 from tests.integration import replicas
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
+from tests.integration.conftest import (
+    BrokerProcess,
+    NameServerProcess,
+    StartBroker,
+    StartNameServer,
+    free_port,
+)
+from tests.integration.failover import SESSION_MS, Group
 from tests.integration.receiving import (
     FAST,
     GROUP,
@@ -29,8 +37,9 @@ from tests.integration.receiving import (
     set_group,
     state,
 )
+from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
-from tidemq.protos import broker_pb2
+from tidemq.protos import broker_pb2, common_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -42,16 +51,16 @@ def test_an_unacked_message_comes_again_after_its_invisible_time_with_its_attemp
     create_topic(b)
     set_group(b, delays_ms=[100])
     send(b, [b"a", b"b", b"c"])
+    started = time.monotonic()  # the invisibility starts after this, at the broker
     first = receive(b, invisible_ms=400)
     assert bodies(first) == [b"a", b"b", b"c"]
     assert {m.delivery_attempt for m in first} == {1}
-    started = time.monotonic()
     done = next(m for m in first if m.message.body == b"a")
     assert codes(ack(b, [done.receipt_handle])) == ["OK"]
     # Invisible: nobody else gets them meanwhile.
     assert receive(b, wait_ms=150) == []
     again = receive_until(b, 2, invisible_ms=30_000)
-    assert time.monotonic() - started >= 0.35
+    assert time.monotonic() - started >= 0.39
     assert bodies(again) == [b"b", b"c"]
     assert {m.delivery_attempt for m in again} == {2}
     assert {m.message.reconsume_times for m in again} == {1}
@@ -74,13 +83,13 @@ def test_a_nacked_message_is_retried_after_the_groups_backoff_for_its_attempt(
     assert codes(nack(b, [m.receipt_handle])) == ["OK"]
     (m2,) = receive_until(b, 1)
     waited = time.monotonic() - nacked
-    assert 0.25 <= waited < 1.0, waited
+    assert 0.25 <= waited < 1.2, waited
     assert m2.delivery_attempt == 2
     nacked = time.monotonic()
     assert codes(nack(b, [m2.receipt_handle])) == ["OK"]
     (m3,) = receive_until(b, 1)
     waited = time.monotonic() - nacked
-    assert 1.1 <= waited < 2.5, waited
+    assert 1.1 <= waited < 2.6, waited
     assert m3.delivery_attempt == 3
 
 
@@ -263,7 +272,8 @@ def test_in_flight_state_survives_sigkill_and_restart(start_broker: StartBroker)
     create_topic(b)
     set_group(b, delays_ms=[100])
     send(b, [f"m{i}".encode() for i in range(10)])
-    got = sorted(receive(b, invisible_ms=3_000), key=lambda m: m.message.body)
+    # Long enough for the restart to come well before the deadline.
+    got = sorted(receive(b, invisible_ms=8_000), key=lambda m: m.message.body)
     assert len(got) == 10
     acked, held = got[:5], got[5:]
     assert codes(ack(b, [m.receipt_handle for m in acked])) == ["OK"] * 5
@@ -352,3 +362,127 @@ def test_an_offset_reset_of_a_receive_group_forgets_what_was_in_flight_and_goes_
 
     # The revive task commits the group's floor: lag and retention see receive groups.
     wait_until(lambda: committed() == 5, 10, "the floor committed as the group's offset")
+
+
+def test_under_sync_master_an_ack_answers_only_once_the_slave_holds_it(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    master = replicas.start(
+        start_broker,
+        nameserver,
+        "master",
+        *FAST,
+        "--role",
+        "SYNC_MASTER",
+        "--ha-sync-timeout-ms",
+        "800",
+    )
+    create_topic(master)
+    slave = replicas.start(start_broker, nameserver, "slave", *replicas.SLAVE_FLAGS, *FAST)
+    replicas.wait_in_sync(master)
+    send(master, [b"a", b"b"])
+    a, b = sorted(receive(master, invisible_ms=60_000), key=lambda m: m.message.body)
+    assert codes(ack(master, [a.receipt_handle])) == ["OK"]
+    slave.proc.send_signal(signal.SIGSTOP)  # connected but silent
+    try:
+        started = time.monotonic()
+        code, name, retriable = error_of(lambda: ack(master, [b.receipt_handle]))
+        assert (code, name, retriable) == (
+            grpc.StatusCode.UNAVAILABLE,
+            "STORE_NOT_WRITABLE",
+            True,
+        )
+        assert time.monotonic() - started >= 0.7
+    finally:
+        slave.proc.send_signal(signal.SIGCONT)
+    # Recorded on the master all the same: the retry finds it acked.
+    wait_until(
+        lambda: codes(ack(master, [b.receipt_handle])) == ["MESSAGE_ALREADY_ACKED"],
+        30,
+        "the retried ack",
+    )
+    wait_until(lambda: state(slave).queues[0].done_offset == 2, 30, "the slave to hold both acks")
+
+
+def test_fifo_message_groups_keep_their_order_and_a_stuck_group_does_not_hold_up_another(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    set_group(b, fifo=True, delays_ms=[400])
+    msgs = [
+        common_pb2.Message(
+            topic=TOPIC, body=body.encode(), queue_id=0, properties={"__SHARDINGKEY": body[0]}
+        )
+        for body in ("A1", "B1", "A2", "B2", "A3")
+    ]
+    b.stub().SendMessage(broker_pb2.SendMessageRequest(messages=msgs), timeout=30)
+    first = receive(b, invisible_ms=60_000)
+    assert [(m.message.body, m.message_group) for m in first] == [(b"A1", "A"), (b"B1", "B")]
+    a1, b1 = first
+    # A is stuck (A1 failed and waits for its retry); B goes on.
+    assert codes(nack(b, [a1.receipt_handle])) == ["OK"]
+    assert codes(ack(b, [b1.receipt_handle])) == ["OK"]
+    (b2,) = receive(b, invisible_ms=60_000)
+    assert b2.message.body == b"B2"
+    assert codes(ack(b, [b2.receipt_handle])) == ["OK"]
+    # A1 comes again before anything after it in its group.
+    (again,) = receive_until(b, 1, invisible_ms=60_000)
+    assert (again.message.body, again.delivery_attempt) == (b"A1", 2)
+    assert receive(b, wait_ms=200) == []
+    assert codes(ack(b, [again.receipt_handle])) == ["OK"]
+    (a2,) = receive_until(b, 1, invisible_ms=60_000)
+    assert a2.message.body == b"A2"
+    assert codes(ack(b, [a2.receipt_handle])) == ["OK"]
+    (a3,) = receive_until(b, 1)
+    assert a3.message.body == b"A3"
+
+
+def test_after_a_failover_the_new_master_knows_what_was_acked_and_what_is_in_flight(
+    start_broker: StartBroker,
+    start_nameserver: StartNameServer,
+    zookeeper: ZooKeeperServer,
+    zk_root: str,
+) -> None:
+    group = Group(start_broker, zookeeper, zk_root, extra=FAST)
+    try:
+        group.routed(start_nameserver, TOPIC, 1)
+        first = group.master()
+        old = group.brokers[first]
+        send(old, [f"f{i}".encode() for i in range(10)])
+        got = sorted(receive(old, invisible_ms=4_000), key=lambda m: m.message.queue_offset)
+        assert len(got) == 10
+        # SYNC_MASTER: each answered ack is on the in-sync slaves.
+        assert codes(ack(old, [m.receipt_handle for m in got[:5]])) == ["OK"] * 5
+        group.kill(first)
+        second = group.master(timeout_s=SESSION_MS / 1000 + 20, not_id=first)
+        new = group.brokers[second]
+        # The new master decides on the state its predecessor left: acked ones stay acked, the
+        # others are still invisible and their holders' handles still work.
+        assert codes(ack(new, [got[0].receipt_handle, got[5].receipt_handle])) == [
+            "MESSAGE_ALREADY_ACKED",
+            "OK",
+        ]
+        assert receive(new, wait_ms=300) == []
+        back = receive_until(new, 4)
+        assert sorted(m.message.queue_offset for m in back) == [6, 7, 8, 9]
+        assert {m.delivery_attempt for m in back} == {2}
+    finally:
+        group.thaw_all()
+
+
+def test_a_tag_filter_delivers_only_matching_messages_and_completes_the_others(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    msgs = [
+        common_pb2.Message(topic=TOPIC, body=f"{tag}{i}".encode(), queue_id=0, tag=tag)
+        for i, tag in enumerate("abbab")
+    ]
+    b.stub().SendMessage(broker_pb2.SendMessageRequest(messages=msgs), timeout=30)
+    got = receive(b, tag_expression="a")
+    assert [m.message.body for m in got] == [b"a0", b"a3"]
+    assert codes(ack(b, [m.receipt_handle for m in got])) == ["OK", "OK"]
+    (q,) = state(b).queues
+    assert (q.done_offset, q.next_offset, q.inflight) == (5, 5, 0)

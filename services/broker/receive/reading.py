@@ -39,8 +39,11 @@ class QueueCandidates:
         self.max_commitlog_offset = max_commitlog_offset
 
     def read(self, from_offset: int, max_count: int) -> list[Candidate]:
-        # Read without the store's tag filter: the state machine needs every offset, matching
-        # or not, to move its cursor over them.
+        """Read without the store's tag filter: the state machine needs every offset, matching
+        or not, to move its cursor over them. ``max_bytes`` is what is left for the answer: [],
+        as at the end of the queue, once it is spent."""
+        if self.max_bytes <= 0:
+            return []
         try:
             got = self.store.get_messages(
                 self.topic,
@@ -53,6 +56,7 @@ class QueueCandidates:
             )
         except (OffsetBelowMinError, OffsetBeyondMaxError):
             return []
+        self.max_bytes -= sum(m.size for m in got.messages)
         tags = self.tags
         return [
             Candidate(
