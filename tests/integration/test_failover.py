@@ -179,7 +179,7 @@ def test_a_planned_switchover_hands_over_without_losing_an_acknowledged_send(
         assert out.returncode == 2, out.stderr  # --to is required
         out = subprocess.run(
             [
-                *(sys.executable, "-m", "tidemq.cli", "group", "switchover", group.name),
+                *(sys.executable, "-m", "tidemq.cli", "broker-group", "switchover", group.name),
                 *("--to", str(target), "--json", "--nameserver", ns.address),
             ],
             capture_output=True,

@@ -1,10 +1,10 @@
 """The ``tidemq`` command line.
 
-The client commands (topics, send, consume, cluster, group, bench, health) belong to the SDK and
-are added here. The server commands (``broker``, ``nameserver``, ``dev``, ``store``,
-``pipeline``) register themselves: each names a function in the ``tidemq.commands`` entry-point
-group (pyproject.toml) that adds its subcommand, so this module imports no server code and a
-client-only use of the CLI loads none.
+The client commands (topic, send, consume, receive, consumer-group, dlq, cluster, broker-group,
+bench, health) belong to the SDK and are added here. The server commands (``broker``,
+``nameserver``, ``dev``, ``store``, ``pipeline``) register themselves: each names a function in
+the ``tidemq.commands`` entry-point group (pyproject.toml) that adds its subcommand, so this
+module imports no server code and a client-only use of the CLI loads none.
 
 Every command sets ``func`` (it returns the exit code) and may set ``log_level``: servers log
 their lifecycle by default, offline tools stay quiet unless ``-v`` is given.
@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from importlib.metadata import entry_points
 
 from tidemq import health
-from tidemq.cli import bench, cluster, messages, topics
+from tidemq.cli import (
+    bench,
+    broker_groups,
+    cluster,
+    consumer_groups,
+    dlq,
+    messages,
+    receive,
+    topics,
+)
 from tidemq.errors import TidemqError
 
 COMMANDS_GROUP = "tidemq.commands"
@@ -29,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (topics, messages, cluster, bench):
+    for module in (topics, messages, receive, consumer_groups, dlq, cluster, broker_groups, bench):
         module.add_parsers(sub)
     health.add_parser(sub)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):

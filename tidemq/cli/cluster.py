@@ -1,4 +1,4 @@
-"""``tidemq cluster status`` and ``tidemq group switchover``."""
+"""``tidemq cluster status``: every broker the nameservers know, with its store figures."""
 
 from __future__ import annotations
 
@@ -58,19 +58,6 @@ def _failover_line(f: dict[str, Any]) -> str:
     return line
 
 
-def cmd_group_switchover(args: argparse.Namespace) -> int:
-    with Admin(args.nameserver) as admin:
-        result = admin.switchover(args.group, args.to)
-    if args.json:
-        print_json(result)
-    else:
-        print(
-            f"{args.group}: broker {result['master_id']} is master at epoch {result['epoch']} "
-            f"(sends paused {result['writes_paused_ms']} ms)"
-        )
-    return 0
-
-
 def _replication_lines(rs: dict[str, Any] | None) -> list[str]:
     if rs is None:
         return []
@@ -99,14 +86,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     st.add_argument("--json", action="store_true")
     add_nameserver(st)
     st.set_defaults(func=cmd_cluster_status)
-
-    g = sub.add_parser("group", help="broker groups")
-    gsub = g.add_subparsers(dest="group_command", required=True)
-    so = gsub.add_parser(
-        "switchover", help="hand a group's mastership to an in-sync broker (automatic failover)"
-    )
-    so.add_argument("group", help="broker group (broker name)")
-    so.add_argument("--to", type=int, required=True, metavar="BROKER_ID", help="the new master")
-    so.add_argument("--json", action="store_true")
-    add_nameserver(so)
-    so.set_defaults(func=cmd_group_switchover)

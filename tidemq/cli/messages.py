@@ -33,7 +33,7 @@ def cmd_send(args: argparse.Namespace) -> int:
                 tag=args.tag,
                 keys=args.key,
                 properties=props,
-                sharding_key=args.sharding_key,
+                message_group=args.message_group,
             )
             for _ in range(args.count)
         ]
@@ -88,6 +88,10 @@ def cmd_consume(args: argparse.Namespace) -> int:
             if batch:
                 received += len(batch)
                 idle_deadline = time.monotonic() + args.timeout
+            elif consumer.last_error is not None and not consumer.last_error.retriable:
+                # The consumer keeps trying in the background (a heartbeat, a pull); a command
+                # that got nothing says why rather than exit 0 as if the topic were empty.
+                raise consumer.last_error
         if not args.no_commit:
             consumer.commit()
     if not args.json:
@@ -104,7 +108,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     s.add_argument(
         "--property", action="append", default=[], metavar="NAME=VALUE", help="(repeatable)"
     )
-    s.add_argument("--sharding-key", help="same key, same queue: ordered per key")
+    s.add_argument(
+        "--message-group",
+        "--sharding-key",
+        dest="message_group",
+        metavar="NAME",
+        help="one message group, one queue: ordered per group (FIFO receive groups)",
+    )
     s.add_argument("--count", type=int, default=1, help="send the message this many times")
     s.add_argument("--json", action="store_true", help="one JSON object per result")
     add_nameserver(s)
