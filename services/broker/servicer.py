@@ -20,6 +20,7 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.broker_admin import BrokerAdminHandlers, FailoverControl
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.handlers.consumers import ConsumerHandlers
+from tidemq.services.broker.handlers.group_admin import GroupAdminHandlers
 from tidemq.services.broker.handlers.lookups import LookupHandlers
 from tidemq.services.broker.handlers.pull import PullHandler
 from tidemq.services.broker.handlers.send import SendHandler
@@ -54,13 +55,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.checks = checks = BrokerChecks(config, topics, role)
         self.waiters = waiters
         self.send = SendHandler(checks, store, publish_topics, replication, metrics)
-        self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics)
+        self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics, groups)
         self.lookups = LookupHandlers(checks, store, metrics)
         self.consumers = ConsumerHandlers(checks, clients, groups, offsets, metrics)
         self.topic_admin = TopicAdminHandlers(checks, publish_topics, metrics)
         self.broker_admin = BrokerAdminHandlers(
             checks, store, groups, offsets, replication_status, failover, metrics
         )
+        self.group_admin = GroupAdminHandlers(checks, groups, metrics)
 
     def stop_accepting(self) -> None:
         """Shutdown: new work is refused, and long polls in flight answer now."""
@@ -122,3 +124,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.broker_admin.SyncConfig(request, context)
+
+    # ------------------------------------------------------------------ consumer groups
+    async def GetConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.GetConsumerGroup(request, context)
+
+    async def UpdateConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.UpdateConsumerGroup(request, context)
+
+    async def ListConsumerGroups(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.ListConsumerGroups(request, context)
+
+    async def DeleteConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.DeleteConsumerGroup(request, context)
