@@ -213,6 +213,7 @@ class Broker:
         assert self.servicer.receive is not None
         self.reviver = Reviver(
             self.servicer.receive.service,
+            self.servicer.receive.settle,
             self.journal,
             self.groups,
             self.offsets,

@@ -17,7 +17,7 @@ from tidemq.admin.consumer_groups import DEFAULT_DELAYS_MS
 from tidemq.consumer import push, simple
 from tidemq.consumer.acks import AckBatcher, PendingAcks
 from tidemq.consumer.push import consume_outcome
-from tidemq.consumer.receive_calls import ReceiveCalls, per_handle, settle_many
+from tidemq.consumer.receive_calls import ReceiveCalls
 from tidemq.consumer.receive_config import (
     PushConsumerConfig,
     SimpleConsumerConfig,
@@ -25,6 +25,7 @@ from tidemq.consumer.receive_config import (
     subscriptions_of,
 )
 from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
+from tidemq.consumer.settling import per_handle, settle_many
 from tidemq.errors import from_detail, from_rpc_error
 from tidemq.producer.pending import Pending
 from tidemq.producer.sender import _add_to_request
@@ -51,6 +52,7 @@ Results = list[errors.TidemqError | None]
         ({"ack_linger_ms": -1}, "ack_linger_ms must be >= 0"),
         ({"consume_timeout_ms": 0}, "consume_timeout_ms must be > 0"),
         ({"long_poll_ms": -1}, "long_poll_ms must be >= 0"),
+        ({"long_poll_ms": 0}, "long_poll_ms must be > 0 for a push consumer"),
         ({"start_from": "middle"}, "start_from must be"),
         ({"request_timeout_ms": 0}, "request_timeout_ms must be > 0"),
     ],

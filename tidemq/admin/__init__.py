@@ -1,6 +1,6 @@
 """Administration: ``AsyncAdmin`` (asyncio) and ``Admin`` (blocking) in ``admin``; the shape
-of the cluster status they report in ``status``; consumer groups (settings, receive state,
-dead-letter queues) in ``consumer_groups``."""
+of the cluster status they report in ``status``; consumer groups (settings, receive state) in
+``consumer_groups``; dead-letter queues in ``dead_letters``."""
 
 from tidemq.admin.admin import Admin, AsyncAdmin, QueueStatus
 from tidemq.admin.consumer_groups import (

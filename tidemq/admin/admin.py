@@ -1,5 +1,6 @@
 """``Admin``: topics, consumer groups, offsets and cluster status, for scripts and the CLI.
-Consumer group settings, receive state and dead-letter queues are in ``consumer_groups``.
+Consumer group settings and receive state are in ``consumer_groups``, dead-letter queues in
+``dead_letters``.
 
 Topics live on brokers; a topic "in a cluster" is the same topic config on every master of the
 cluster (RocketMQ's ``updateTopic -c``). ``create_topic`` waits until the nameservers route the
@@ -18,6 +19,7 @@ import grpc
 
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.admin.consumer_groups import AsyncConsumerGroups, ConsumerGroups
+from tidemq.admin.dead_letters import AsyncDeadLetters, DeadLetters
 from tidemq.admin.status import broker_json, broker_status_json, nameserver_json
 from tidemq.errors import (
     InvalidArgumentError,
@@ -55,7 +57,7 @@ class QueueStatus:
         return max(0, self.max_offset - self.committed_offset)
 
 
-class AsyncAdmin(AsyncConsumerGroups):
+class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters):
     def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
         self._channels = Channels()
         self.nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
@@ -324,7 +326,7 @@ def _gone(route: TopicRoute | None) -> bool:
     return route is None
 
 
-class Admin(ConsumerGroups):
+class Admin(ConsumerGroups, DeadLetters):
     """The blocking admin client; every method of ``AsyncAdmin``, waiting for the answer."""
 
     def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:

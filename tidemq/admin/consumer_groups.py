@@ -1,6 +1,6 @@
 """Consumer groups in the admin client: their settings (RocketMQ's subscription group config:
-model, max delivery attempts, retry policy, FIFO, consume enabled), the in-flight state of a
-receive group, and its dead-letter queue (``%DLQ%<group>``): list and send back.
+model, max delivery attempts, retry policy, FIFO, consume enabled) and the in-flight state of a
+receive group (its dead-letter queue is in ``dead_letters``).
 
 A group's config lives on every master (as topics do); changes go to every master and reach
 the slaves by config sync. ``AsyncConsumerGroups`` is mixed into ``AsyncAdmin``,
@@ -18,29 +18,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tidemq._runtime import LoopThread
 from tidemq.errors import (
     InvalidArgumentError,
-    MessageNotFoundError,
     NotFoundError,
     RouteNotFoundError,
 )
-from tidemq.producer import AsyncProducer
 from tidemq.protos import broker_pb2
 from tidemq.routes import NameServerClient
-from tidemq.types import MESSAGE_GROUP_PROPERTY, ReceivedMessage, SendResult
 
 T = TypeVar("T")
 
-DLQ_PREFIX = "%DLQ%"
-# Properties the broker adds to a dead-letter copy; a resent message goes without them.
-DLQ_PROPERTIES = frozenset(
-    {
-        "RETRY_TOPIC",
-        "DLQ_ORIGIN_QUEUE_ID",
-        "DLQ_ORIGIN_QUEUE_OFFSET",
-        "DLQ_DELIVERY_ATTEMPTS",
-        "DLQ_REASON",
-        "DLQ_TIME_MS",
-    }
-)
 # RocketMQ's 18 levels, 1 s .. 2 h: what a group without a customized policy waits.
 DEFAULT_DELAYS_MS = (
     1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
@@ -49,11 +34,6 @@ DEFAULT_DELAYS_MS = (
 MODELS = {"offsets": broker_pb2.OFFSETS, "receive": broker_pb2.RECEIVE}
 _MODEL_NAMES = {v: k for k, v in MODELS.items()}
 _MODE_NAMES = {broker_pb2.CLUSTERING: "clustering", broker_pb2.BROADCASTING: "broadcasting"}
-PULL_BATCH = 256
-
-
-def dlq_topic(group: str) -> str:
-    return DLQ_PREFIX + group
 
 
 @dataclass(frozen=True)
@@ -286,97 +266,6 @@ class AsyncConsumerGroups:
         queues.sort(key=lambda q: (q.topic, q.broker, q.queue_id))
         return ReceiveState(queues, dead)
 
-    async def dead_letters(self, group: str, *, limit: int = 100) -> list[ReceivedMessage]:
-        """Up to ``limit`` messages of the group's dead-letter queue, oldest first per queue.
-        Each keeps its original message's body, tag, keys and properties, plus
-        ``RETRY_TOPIC`` (its topic), ``ORIGIN_MESSAGE_ID``, ``DLQ_DELIVERY_ATTEMPTS``,
-        ``DLQ_REASON``, ...; ``reconsume_times`` is its delivery attempts."""
-        if limit <= 0:
-            raise InvalidArgumentError("limit must be > 0", code="INVALID_ARGUMENT")
-        topic = dlq_topic(group)
-        try:
-            route = await self.nameserver.query_route(topic)
-        except RouteNotFoundError:
-            return []  # nothing was ever dead-lettered
-        out: list[ReceivedMessage] = []
-        for mq in route.read_queues:
-            address = route.groups[mq.broker_name].read_address()
-            if address is None:
-                continue
-            offsets = await self._call(
-                address,
-                "GetQueueOffsets",
-                broker_pb2.GetQueueOffsetsRequest(topic=topic, queue_ids=[mq.queue_id]),
-            )
-            offset, end = offsets.queues[0].min_offset, offsets.queues[0].max_offset
-            while offset < end and len(out) < limit:
-                resp = await self._call(
-                    address,
-                    "PullMessage",
-                    broker_pb2.PullMessageRequest(
-                        topic=topic,
-                        queue_id=mq.queue_id,
-                        offset=offset,
-                        max_messages=min(PULL_BATCH, limit - len(out)),
-                        max_bytes=4 << 20,
-                        tag_expression="*",
-                    ),
-                )
-                out += [ReceivedMessage.from_proto(m, mq.broker_name) for m in resp.messages]
-                if resp.next_offset <= offset:
-                    break
-                offset = resp.next_offset
-            if len(out) >= limit:
-                break
-        return out[:limit]
-
-    async def resend_dead_letter(self, group: str, msg_id: str) -> SendResult:
-        """Sends a dead-lettered message back to its original topic, as a new message with the
-        same body, tag, keys, message group and user properties (``ORIGIN_MESSAGE_ID`` kept).
-        The copy stays in the dead-letter queue."""
-        message = await self._dead_letter_by_id(group, msg_id)
-        props = dict(message.properties)
-        original = props.get("RETRY_TOPIC")
-        if not original:
-            raise InvalidArgumentError(
-                f"message {msg_id} has no RETRY_TOPIC property: not a dead-letter copy",
-                code="INVALID_ARGUMENT",
-            )
-        message_group = props.pop(MESSAGE_GROUP_PROPERTY, None)
-        for name in DLQ_PROPERTIES:
-            props.pop(name, None)
-        async with AsyncProducer(list(self.nameserver.addresses)) as producer:
-            return await producer.send(
-                original,
-                message.body,
-                tag=message.tag,
-                keys=message.keys,
-                properties=props or None,
-                message_group=message_group,
-            )
-
-    async def _dead_letter_by_id(self, group: str, msg_id: str) -> ReceivedMessage:
-        topic = dlq_topic(group)
-        try:
-            route = await self.nameserver.query_route(topic)
-        except RouteNotFoundError:
-            raise MessageNotFoundError(
-                f"group {group!r} has no dead-letter queue", code="MESSAGE_NOT_FOUND"
-            ) from None
-        for name in sorted(route.groups):
-            address = route.groups[name].read_address()
-            if address is None:
-                continue
-            try:
-                resp = await self._call(
-                    address, "ViewMessage", broker_pb2.ViewMessageRequest(msg_id=msg_id)
-                )
-            except (MessageNotFoundError, InvalidArgumentError):
-                continue
-            if resp.message.topic == topic:
-                return ReceivedMessage.from_proto(resp.message, name)
-        raise MessageNotFoundError(f"message {msg_id} is not in {topic}", code="MESSAGE_NOT_FOUND")
-
     async def _each_master(self, call: Any) -> dict[str, Any]:
         """broker name -> answer of its master; a master that does not know the thing asked
         for (NotFoundError) is left out."""
@@ -426,9 +315,3 @@ class ConsumerGroups:
 
     def receive_state(self, group: str, topic: str | None = None) -> ReceiveState:
         return self._wait(self._core.receive_state(group, topic))
-
-    def dead_letters(self, group: str, *, limit: int = 100) -> list[ReceivedMessage]:
-        return self._wait(self._core.dead_letters(group, limit=limit))
-
-    def resend_dead_letter(self, group: str, msg_id: str) -> SendResult:
-        return self._wait(self._core.resend_dead_letter(group, msg_id))

@@ -25,8 +25,9 @@ Receive/ack consumption (RocketMQ 5's SimpleConsumer and PushConsumer; no queue 
 brokers keep each message's delivery state): ``simple`` (``SimpleConsumer``), ``push``
 (``PushConsumer``: listener, concurrency, shutdown), ``receive_calls`` (heartbeats with model
 RECEIVE, receives from the masters in turn, acks to the current master of a message's broker
-group), ``acks`` (ack batching), ``renewal`` (when a running message's invisibility is renewed),
-``receive_config`` (their settings).
+group), ``settling`` (acks and nacks per broker group, per-handle results), ``acks`` (ack
+batching), ``renewal`` (when a running message's invisibility is renewed), ``receive_config``
+(their settings).
 """
 
 from tidemq.consumer.config import ConsumerConfig

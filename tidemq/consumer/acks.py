@@ -8,7 +8,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from tidemq.consumer.receive_calls import SettleCall
+from tidemq.consumer.settling import SettleCall
 from tidemq.errors import TidemqError
 from tidemq.types import ReceivedMessage
 

@@ -17,19 +17,14 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tidemq._runtime import LoopThread
 from tidemq.consumer.config import default_client_id
-from tidemq.consumer.receive_calls import (
-    ReceiveCalls,
-    check_handle,
-    heartbeat_loop,
-    settle_many,
-    start_membership,
-)
+from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_membership
 from tidemq.consumer.receive_config import (
     SimpleConsumerConfig,
     invisible_ms,
     start_from_text,
     subscriptions_of,
 )
+from tidemq.consumer.settling import check_handle, settle_many
 from tidemq.errors import ClientClosedError, InvalidArgumentError, TidemqError
 from tidemq.types import ReceivedMessage
 
@@ -202,6 +197,11 @@ class SimpleConsumer:
         except BaseException:
             await core.close()
             raise
+
+    def start(self) -> SimpleConsumer:
+        """The constructor has started it already (as ``Consumer``); for code written against
+        RocketMQ's clients and the asyncio version, which start explicitly."""
+        return self
 
     def __enter__(self) -> SimpleConsumer:
         return self

@@ -13,6 +13,7 @@ from tidemq.services.broker.groups import RECEIVE
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.receive.service import ReceiveService
+from tidemq.services.broker.receive.settle import Settlement
 
 
 class ReceiveHandlers:
@@ -21,6 +22,7 @@ class ReceiveHandlers:
     ) -> None:
         self.checks = checks
         self.service = service
+        self.settle = Settlement(service)
         self.metrics = metrics
 
     @typed_errors
@@ -29,17 +31,17 @@ class ReceiveHandlers:
 
     @typed_errors
     async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        results = await self.service.ack(request.group, request.topic, request.receipt_handles)
+        results = await self.settle.ack(request.group, request.topic, request.receipt_handles)
         return broker_pb2.AckMessageResponse(results=results)
 
     @typed_errors
     async def NackMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        results = await self.service.nack(request.group, request.topic, request.receipt_handles)
+        results = await self.settle.nack(request.group, request.topic, request.receipt_handles)
         return broker_pb2.NackMessageResponse(results=results)
 
     @typed_errors
     async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        handle, until = await self.service.change_invisible_duration(
+        handle, until = await self.settle.change_invisible_duration(
             request.group, request.topic, request.receipt_handle, request.invisible_duration_ms
         )
         return broker_pb2.ChangeInvisibleDurationResponse(
@@ -48,7 +50,7 @@ class ReceiveHandlers:
 
     @typed_errors
     async def DeadLetterMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        topic, offset = await self.service.dead_letter(
+        topic, offset = await self.settle.dead_letter(
             request.group, request.topic, request.receipt_handle, request.reason
         )
         return broker_pb2.DeadLetterMessageResponse(dlq_topic=topic, dlq_queue_offset=offset)
@@ -64,7 +66,7 @@ class ReceiveHandlers:
     @typed_errors
     async def ResetOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """CommitOffset with reset=True for a receive group."""
-        offset = await self.service.reset(
+        offset = await self.settle.reset(
             request.group, request.topic, request.queue_id, request.offset
         )
         return broker_pb2.CommitOffsetResponse(offset=offset)

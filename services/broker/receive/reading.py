@@ -39,8 +39,11 @@ class QueueCandidates:
         self.max_commitlog_offset = max_commitlog_offset
 
     def read(self, from_offset: int, max_count: int) -> list[Candidate]:
-        # Read without the store's tag filter: the state machine needs every offset, matching
-        # or not, to move its cursor over them.
+        """Read without the store's tag filter: the state machine needs every offset, matching
+        or not, to move its cursor over them. ``max_bytes`` is what is left for the answer: [],
+        as at the end of the queue, once it is spent."""
+        if self.max_bytes <= 0:
+            return []
         try:
             got = self.store.get_messages(
                 self.topic,
@@ -53,6 +56,7 @@ class QueueCandidates:
             )
         except (OffsetBelowMinError, OffsetBeyondMaxError):
             return []
+        self.max_bytes -= sum(m.size for m in got.messages)
         tags = self.tags
         return [
             Candidate(
@@ -76,8 +80,13 @@ def read_one(store: MessageStore, topic: str, queue_id: int, offset: int) -> Sto
     return got.messages[0]
 
 
+def _is_timestamp(text: str) -> bool:
+    # ASCII digits only: str.isdigit also takes superscripts that int() refuses.
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def check_start_from(start_from: str) -> None:
-    if start_from not in ("", "first", "last") and not start_from.isdigit():
+    if start_from not in ("", "first", "last") and not _is_timestamp(start_from):
         raise invalid(
             f"start_from {start_from!r} must be 'first', 'last' or a timestamp in ms (digits)"
         )
@@ -94,7 +103,7 @@ def start_offset(
         return min(max(committed, lo), hi)
     if start_from == "first":
         return lo
-    if start_from.isdigit():
+    if _is_timestamp(start_from):
         return store.offset_by_time(topic, queue_id, int(start_from))
     return hi
 

@@ -14,6 +14,7 @@ from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.receive.dead_letter import max_attempts_reason
 from tidemq.services.broker.receive.journal import ReceiveJournal
 from tidemq.services.broker.receive.service import ReceiveService
+from tidemq.services.broker.receive.settle import Settlement
 from tidemq.services.broker.role import RoleState
 from tidemq.storage.clock import monotonic_ms, now_ms
 
@@ -24,6 +25,7 @@ class Reviver:
     def __init__(
         self,
         service: ReceiveService,
+        settle: Settlement,
         journal: ReceiveJournal,
         groups: SubscriptionGroupManager,
         offsets: OffsetManager,
@@ -31,6 +33,7 @@ class Reviver:
         snapshot_interval_ms: int,
     ) -> None:
         self.service = service
+        self.settle = settle
         self.journal = journal
         self.groups = groups
         self.offsets = offsets
@@ -39,6 +42,8 @@ class Reviver:
         self._last_snapshot_ms = monotonic_ms()
 
     async def tick(self) -> None:
+        if self.service.checks.shutting_down:
+            return
         if self.role.is_master and self.role.may_acknowledge():
             await self.service.lead()
             await self.dead_letter_exhausted()
@@ -53,7 +58,7 @@ class Reviver:
             s = g.settings if g is not None else GroupSettings()
             dead = q.dead_candidates(now, s.max_delivery_attempts, s.retry_policy)
             if dead:
-                await self.service.dead_letter_offsets(
+                await self.settle.dead_letter_offsets(
                     key, [o for o, _ in dead], max_attempts_reason(s.max_delivery_attempts)
                 )
 
@@ -74,6 +79,10 @@ class Reviver:
         if got is None:
             return
         position, data = got
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.journal.write_snapshot, position, data
-        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.journal.write_snapshot, position, data
+            )
+        except OSError:
+            self.journal.changed = True  # the next round tries again
+            raise
