@@ -96,7 +96,12 @@ def test_bench_receive_hold_leaves_what_it_received_in_flight(
 
 def test_bench_receive_refuses_a_bad_mode_and_sizes(loaded: tuple[str, BrokerProcess]) -> None:
     nameserver, _ = loaded
-    for args in (["--mode", "pull"], ["--batch", "0"], ["--messages", "-1"]):
+    refusals = {
+        ("--mode", "pull"): "invalid choice: 'pull'",
+        ("--batch", "0"): "--messages, --batch and --invisible-s must be > 0",
+        ("--messages", "-1"): "--messages, --batch and --invisible-s must be > 0",
+    }
+    for args, says in refusals.items():
         r = subprocess.run(
             [sys.executable, "-m", "tidemq.cli", "bench", "receive", *args],
             capture_output=True,
@@ -105,4 +110,4 @@ def test_bench_receive_refuses_a_bad_mode_and_sizes(loaded: tuple[str, BrokerPro
             timeout=60,
             check=False,
         )
-        assert r.returncode == 2, (args, r.stderr)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
