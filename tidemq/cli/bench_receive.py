@@ -189,6 +189,7 @@ def _push(
     finally:
         # The acks still batched go out here: the run ends when they are answered.
         consumer.close()
+    tally.errors = consumer.stats.ack_errors
     if tally.completed:
         tally.last = time.perf_counter()
     window("end")
