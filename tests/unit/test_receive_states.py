@@ -2,13 +2,22 @@
 on random histories (random.Random(seed)): replay equals live, snapshots round-trip, no offset
 is handed out twice while a lease lasts, FIFO groups stay ordered and independent."""
 
+import gc
 import random
 import struct
+import tracemalloc
 import zlib
 
 import pytest
 
-from tests.unit.receive_sim import KEY, Driver
+from tests.unit.receive_sim import (
+    KEY,
+    Driver,
+    walk_dead,
+    walk_fifo_retries,
+    walk_next_visible,
+    walk_retries,
+)
 from tidemq.services.broker.receive.events import (
     Acked,
     Changed,
@@ -154,14 +163,28 @@ def _random_history(seed: int, *, fifo: bool, steps: int = 300) -> Driver:
             d.log.add(matches=rng.random() < 0.9, group=rng.choice(groups))
 
     add_messages(20)
+    policies = [
+        policy,
+        RetryPolicy(delays_ms=(3_000,)),
+        RetryPolicy(delays_ms=(), initial_ms=50, max_ms=60_000, multiplier=10.0),
+    ]
     for _ in range(steps):
-        now += rng.choice([0, 1, 50, 400, 2_500, 40_000])
+        now += rng.choice([0, 1, 50, 400, 2_500, 40_000, -300])  # wall clocks step back too
+        if rng.random() < 0.03:  # an operator changes the group's settings
+            policy = d.policy = rng.choice(policies)
+            d.max_attempts = rng.choice([2, 3, 16])
         if rng.random() < 0.2:
             add_messages(rng.randint(1, 10))
         q = d.q
         op = rng.random()
         if op < 0.35:
-            plan = d.plan(now, rng.randint(1, 8))
+            n = rng.randint(1, 8)
+            walk = walk_fifo_retries if fifo else walk_retries
+            walked = walk(q, now, n, d.max_attempts, policy)
+            plan = d.plan(now, n)
+            # the indexes find exactly what a walk over every entry finds
+            retried = [o for o, *_ in plan.delivered if o < q.cursor] if plan else []
+            assert retried == walked
             if plan is None:
                 continue
             done.update(plan.filtered)  # filtered out: done, never blocking its group
@@ -212,7 +235,14 @@ def _random_history(seed: int, *, fifo: bool, steps: int = 300) -> Driver:
                 deadline[o] = until
                 holders.append((o, new))
         else:
+            # a long-poll timer set by next_visible_ms never wakes later than needed
+            timer = q.next_visible_ms(now, policy, max_attempts=d.max_attempts)
+            exact = walk_next_visible(q, now, d.max_attempts, policy)
+            assert timer is None or timer > now
+            if exact is not None:
+                assert timer is not None and timer <= exact
             dead = q.dead_candidates(now, d.max_attempts, policy)
+            assert dead == walk_dead(q, now, d.max_attempts)
             for o, _ in dead:
                 assert deadline.get(o, now) <= now
             if dead:
@@ -346,3 +376,24 @@ def test_a_stuck_fifo_group_never_delays_other_groups_within_the_window() -> Non
         assert got == expected, f"seed {seed}: other groups waited on the stuck one"
         assert d.q.counts(now, d.policy)[2] == stuck_more
         assert d.q.check(0, head_lease, now) is HandleStatus.OK
+
+
+def test_acked_messages_leave_no_memory_behind_even_under_long_leases() -> None:
+    d = Driver()
+    d.log.messages = [(True, 0)] * 64_000
+    d.append(Init(KEY, 0))
+    twelve_hours = 12 * 3_600_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        for i in range(2_000):
+            lease, delivered = d.receive(T0 + i, 32, invisible_ms=twelve_hours)
+            d.append(Acked(KEY, tuple((o, lease) for o, *_ in delivered)))
+        d.events.clear()  # the test's own record of the log
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - start
+    finally:
+        tracemalloc.stop()
+    assert (d.q.floor, len(d.q)) == (64_000, 0)
+    assert left < 64_000, f"{left} bytes left after acking 64000 messages"
