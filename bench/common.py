@@ -161,18 +161,21 @@ def emit_summary(
     runs: Sequence[dict[str, float]],
     ratio: Callable[[dict[str, float]], dict[str, float]],
     goals: Callable[[dict[str, float], dict[str, float]], dict[str, bool]],
+    reported: dict[str, Any] | None = None,
 ) -> None:
     """The last line of a benchmark: medians of every figure, the median of each run's ratios
-    (each run's figures share that run's machine load), and one boolean per goal."""
+    (each run's figures share that run's machine load), one boolean per goal, and ``reported``
+    (figures measured once, outside the runs) when given."""
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
     per_run = [ratio(r) for r in runs]
     ratios = {k: round(statistics.median(x[k] for x in per_run), 3) for k in per_run[0]}
-    emit(
-        {
-            "bench": "summary",
-            "runs": len(runs),
-            "medians": {k: round(v, 1) for k, v in med.items()},
-            "ratios": ratios,
-            "goals": goals(med, ratios),
-        }
-    )
+    summary = {
+        "bench": "summary",
+        "runs": len(runs),
+        "medians": {k: round(v, 1) for k, v in med.items()},
+        "ratios": ratios,
+        "goals": goals(med, ratios),
+    }
+    if reported:
+        summary["reported"] = reported
+    emit(summary)

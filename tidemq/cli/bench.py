@@ -1,7 +1,9 @@
-"""``tidemq bench``: produce and consume rates against a running cluster, as JSON.
+"""``tidemq bench``: produce, consume and receive-and-ack rates against a running cluster, as
+JSON (the receive loops are in ``bench_receive``).
 
 The figures mean something only beside a ceiling measured in the same run on the same machine
-(``bench/services_bench.py`` runs these next to perfkit's gRPC ceilings).
+(``bench/services_bench.py`` runs these next to perfkit's gRPC ceilings, and
+``bench/receive_bench.py`` receive-and-ack next to offset-based consumption).
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from tidemq.cli.bench_receive import DEFAULT_BATCH, MODES, run_receive_bench
 from tidemq.cli.common import add_nameserver
 from tidemq.consumer import Consumer
 from tidemq.producer import Producer
@@ -144,8 +147,15 @@ def run_produce_bench(
 
 
 def run_consume_bench(
-    nameserver: str | None, *, topic: str, group: str, messages: int, progress: bool = True
+    nameserver: str | None,
+    *,
+    topic: str,
+    group: str,
+    messages: int,
+    progress: bool = True,
+    on_window: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
+    """``on_window("start")`` and ``on_window("end")`` are called around the measured part."""
     if messages <= 0:
         raise ValueError("--messages must be > 0")
     with Consumer(
@@ -158,6 +168,8 @@ def run_consume_bench(
     ) as consumer:
         got = 0
         bar = _Progress("consumed", messages, progress)
+        if on_window is not None:
+            on_window("start")
         cpu0, t0 = time.process_time(), time.perf_counter()
         last = t0
         while got < messages:
@@ -169,12 +181,15 @@ def run_consume_bench(
             bar.update(got)
         wall = last - t0  # not counting the final wait for messages that never came
         cpu = time.process_time() - cpu0
+        if on_window is not None:
+            on_window("end")
     return {
         "bench": "tidemq.consume",
         "messages": got,
         "seconds": round(wall, 3),
         "msgs_per_s": round(got / wall, 1) if wall else 0.0,
         "client_cpu_pct": round(cpu / wall * 100, 1) if wall else 0.0,
+        "client_cpu_us_per_msg": round(cpu / got * 1e6, 2) if got else 0.0,
         "complete": got >= messages,
     }
 
@@ -205,8 +220,24 @@ def cmd_bench_consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_receive(args: argparse.Namespace) -> int:
+    bar = _Progress("received and acked", args.messages, not args.json)
+    result = run_receive_bench(
+        args.nameserver,
+        topic=args.topic,
+        group=args.group or f"bench-{uuid.uuid4().hex[:8]}",
+        messages=args.messages,
+        mode=args.mode,
+        batch=args.batch,
+        invisible_s=args.invisible_s,
+        progress=bar.update,
+    )
+    print(json.dumps(result))
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    b = sub.add_parser("bench", help="measure produce and consume rates (JSON)")
+    b = sub.add_parser("bench", help="measure produce, consume and receive rates (JSON)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     bp = bsub.add_parser("produce", help="one producer process, SDK batching")
     bp.add_argument("--topic", default="BenchTopic")
@@ -234,3 +265,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     bc.add_argument("--json", action="store_true", help="JSON only, no progress lines")
     add_nameserver(bc)
     bc.set_defaults(func=cmd_bench_consume)
+    br = bsub.add_parser(
+        "receive", help="receive and ack what the topic holds with a new receive group"
+    )
+    br.add_argument("--topic", default="BenchTopic")
+    br.add_argument("--messages", type=int, default=200_000)
+    br.add_argument("--group")
+    br.add_argument(
+        "--mode",
+        choices=MODES,
+        default="simple",
+        help="simple: SimpleConsumer, receive then ack each batch; async: AsyncSimpleConsumer, "
+        "acks overlapping the next receive; push: PushConsumer; hold: receive, never ack",
+    )
+    br.add_argument(
+        "--batch", type=int, default=DEFAULT_BATCH, help="max messages per receive call"
+    )
+    br.add_argument(
+        "--invisible-s", type=float, default=60.0, help="invisible duration of each receive"
+    )
+    br.add_argument("--json", action="store_true", help="JSON only, no progress lines")
+    add_nameserver(br)
+    br.set_defaults(func=cmd_bench_receive)
