@@ -17,8 +17,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tidemq.protos import (
     broker_pb2,
     broker_pb2_grpc,
-    nameserver_pb2,
-    nameserver_pb2_grpc,
     replication_pb2_grpc,
 )
 from tidemq.replication.epochs import EpochFile
@@ -28,11 +26,11 @@ from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
-from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.nameserver_registration import NameserverRegistration
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.publication import RegistrationRounds
 from tidemq.services.broker.receive.figures import ReceiveCollector
@@ -58,7 +56,6 @@ from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
-REGISTER_TIMEOUT_S = 5.0
 SERVICE_NAME: str = broker_pb2.DESCRIPTOR.services_by_name["Broker"].full_name
 HEALTH_SERVICES = ("", SERVICE_NAME)  # "" is the whole server, as probes ask by default
 
@@ -125,6 +122,15 @@ class Broker:
         )
         if self.zk is not None and config.role is BrokerRole.SLAVE:
             self.zk.on_master = self._master_found
+        self.registration = NameserverRegistration(
+            config,
+            self.topics,
+            self.role,
+            self.rounds,
+            self.zk,
+            self._master_found,
+            lambda: self.step_aside is not None and self.step_aside.stepped_aside,
+        )
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -183,7 +189,7 @@ class Broker:
                 self.offsets,
                 self.topics,
                 receive_waiters,
-                self._publish_topics,
+                self.registration.publish_topics,
                 self.replication,
                 self._confirm_cap,
                 self.metrics,
@@ -200,7 +206,7 @@ class Broker:
             self.offsets,
             self.clients,
             waiters,
-            publish_topics=self._publish_topics,
+            publish_topics=self.registration.publish_topics,
             metrics=self.metrics,
             groups=self.groups,
             replication=self.replication,
@@ -251,7 +257,7 @@ class Broker:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         # A failed store (the disk failed) makes the broker step aside (``store_failure``).
         self.step_aside = StepAside(
-            self.health, HEALTH_SERVICES, self._unregister_all, self.zk, self.failover
+            self.health, HEALTH_SERVICES, self.registration.unregister_all, self.zk, self.failover
         )
         self.store.on_failure(self.step_aside.on_store_failure(loop))
         if self.zk is not None:
@@ -261,7 +267,7 @@ class Broker:
         self._tasks = [
             asyncio.create_task(self._every(self.config.offset_flush_interval_ms, self._persist)),
             asyncio.create_task(self._every(10_000, self._expire_clients)),
-            asyncio.create_task(self._register_loop()),
+            asyncio.create_task(self.registration.run()),
             asyncio.create_task(self.journal.follow()),
             asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
         ]
@@ -314,60 +320,12 @@ class Broker:
         if gone:
             log.info("clients expired: %s", gone)
 
-    async def _register_loop(self) -> None:
-        self.rounds.request()  # the first round runs at once
-        while True:
-            ticket = await self.rounds.next_round(self.config.register_interval_ms / 1000)
-            await self.register_all()
-            await self.rounds.finished(ticket)
-
-    async def _publish_topics(self) -> None:
-        if not await self.rounds.publish(REGISTER_TIMEOUT_S):
-            log.warning("topic change not yet published to the nameservers; retried next round")
-
-    async def register_all(self) -> None:
-        if self.step_aside is not None and self.step_aside.stepped_aside:
-            return  # its store failed: out of the routes until restarted
-        if self.zk is not None:
-            self.zk.refresh()
-        request = nameserver_pb2.RegisterBrokerRequest(
-            broker=broker_info(self.config, self.topics, self.role),
-            topics=topic_protos(self.topics),
-        )
-        await asyncio.gather(*(self._register(ns, request) for ns in self.config.nameservers))
-
-    async def _register(self, nameserver: str, request: object) -> None:
-        try:
-            async with grpc.aio.insecure_channel(nameserver) as channel:
-                stub = nameserver_pb2_grpc.NameServerStub(channel)
-                response = await stub.RegisterBroker(request, timeout=REGISTER_TIMEOUT_S)
-        except grpc.aio.AioRpcError as e:
-            log.warning("registering with nameserver %s failed: %s", nameserver, e.details())
-            return
-        # The registry tells a slave where its master replicates from (RocketMQ's
-        # RegisterBrokerResult.haServerAddr); empty while the group has no live master.
-        self._master_found(response.master_address, response.master_ha_address)
-
     def _master_found(self, address: str, ha_address: str) -> None:
         """Where the group's master is, from a nameserver's answer or its ZooKeeper znode."""
         if self.slave is not None:
             self.slave.set_master(ha_address)
         if self.config_sync is not None:
             self.config_sync.set_master(address)
-
-    async def _unregister_all(self) -> None:
-        info = broker_info(self.config, self.topics, self.role)
-        request = nameserver_pb2.UnregisterBrokerRequest(
-            identity=info.identity, address=info.address
-        )
-        for ns in self.config.nameservers:
-            try:
-                async with grpc.aio.insecure_channel(ns) as channel:
-                    await nameserver_pb2_grpc.NameServerStub(channel).UnregisterBroker(
-                        request, timeout=REGISTER_TIMEOUT_S
-                    )
-            except grpc.aio.AioRpcError as e:
-                log.warning("unregistering from nameserver %s failed: %s", ns, e.details())
 
     async def stop(self) -> None:
         """Graceful: refuse new work, let calls in flight finish, then close the store cleanly."""
@@ -395,7 +353,7 @@ class Broker:
                 log.warning("stopping: still waiting for %s: %s", t.get_name(), t.get_stack())
         if self.server is not None:
             await self.server.stop(self.config.shutdown_grace_ms / 1000)
-        await self._unregister_all()
+        await self.registration.unregister_all()
         loop = asyncio.get_running_loop()
         if self.metrics is not None:
             # Before the store closes: a scrape reads the store.
