@@ -3,9 +3,9 @@
 A small facade over the modules that do the work: ``parts`` (CommitLog, ConsumeQueues, index,
 dispatcher and their locks), ``lifecycle`` (open, close, and the flush, dispatch, housekeeping and
 warming threads), ``reads``, ``cleaner`` (the retention pass), ``truncation``, ``manifest`` (the
-layout and queue files) and ``recovery``. Appends are here: one appender at a time, under the put
-lock. Code outside the store reads the log through ``log`` (a ``CommitLogReader``) and the
-accessors below, never through the parts.
+layout and queue files), ``recovery`` and ``answers`` (what a put and ``stats`` return). Appends
+are here: one appender at a time, under the put lock. Code outside the store reads the log
+through ``log`` (a ``CommitLogReader``) and the accessors below, never through the parts.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from typing import TypeVar
 
+from tidemq.storage.answers import PutResult, StoreStats, done_future
 from tidemq.storage.cleaner import Cleaner, QueuePosition, RetentionCounts
 from tidemq.storage.config import FlushMode, StoreConfig
 from tidemq.storage.dispatch import DispatchListener
@@ -33,46 +31,11 @@ from tidemq.storage.lifecycle import StoreLifecycle
 from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.parts import StoreParts
 from tidemq.storage.reads import GetResult, StoreReader
-from tidemq.storage.record import AppendResult, Message, StoredMessage
+from tidemq.storage.record import Message, StoredMessage
 from tidemq.storage.recovery import RecoveryReport
 from tidemq.storage.results import PutStatus
 from tidemq.storage.set_aside import restart_empty_at
 from tidemq.storage.truncation import EvidenceWriter, truncate_log
-
-T = TypeVar("T")
-
-
-@dataclass
-class PutResult:
-    """``durable``: the flush status (at once under async flush). ``dispatched``: done once the
-    records are in their ConsumeQueues and the index, visible to consumers; it fails with the
-    reason (``DiskFullError``, ``DiskFailedError``, ...) when dispatch cannot get there. A
-    broker acknowledges a send only when both are answered well."""
-
-    results: list[AppendResult]
-    durable: Future[PutStatus]
-    dispatched: Future[None] = field(default_factory=lambda: _done(None))
-
-    def wait(self, timeout_s: float | None = None) -> PutStatus:
-        return self.durable.result(timeout_s)
-
-
-@dataclass
-class StoreStats:
-    commitlog_min_offset: int
-    commitlog_max_offset: int
-    flushed_offset: int
-    dispatched_offset: int
-    disk_usage_ratio: float
-    writable: bool
-    queues: int
-    recovery: RecoveryReport | None = field(default=None)
-
-
-def _done(value: T) -> Future[T]:
-    f: Future[T] = Future()
-    f.set_result(value)
-    return f
 
 
 class MessageStore:
@@ -176,7 +139,7 @@ class MessageStore:
         """Append a batch; all messages are validated before any byte is written."""
         cfg = self.config
         if not messages:
-            return PutResult([], _done(PutStatus.PUT_OK))
+            return PutResult([], done_future(PutStatus.PUT_OK))
         cl = self._parts.commitlog
         with self._parts.put_lock:
             self._check_writable()
@@ -193,7 +156,7 @@ class MessageStore:
         if cfg.flush_mode is FlushMode.SYNC:
             durable = flusher.submit(end)
         else:
-            durable = _done(PutStatus.PUT_OK)
+            durable = done_future(PutStatus.PUT_OK)
             self._lifecycle.wake_dispatch()
         return PutResult(results, durable, dispatched)
 

@@ -1,0 +1,47 @@
+"""What ``MessageStore`` answers besides messages: a put's result (its durable and dispatched
+futures) and the store's figures (``stats``)."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tidemq.storage.record import AppendResult
+from tidemq.storage.recovery import RecoveryReport
+from tidemq.storage.results import PutStatus
+
+T = TypeVar("T")
+
+
+@dataclass
+class PutResult:
+    """``durable``: the flush status (at once under async flush). ``dispatched``: done once the
+    records are in their ConsumeQueues and the index, visible to consumers; it fails with the
+    reason (``DiskFullError``, ``DiskFailedError``, ...) when dispatch cannot get there. A
+    broker acknowledges a send only when both are answered well."""
+
+    results: list[AppendResult]
+    durable: Future[PutStatus]
+    dispatched: Future[None] = field(default_factory=lambda: done_future(None))
+
+    def wait(self, timeout_s: float | None = None) -> PutStatus:
+        return self.durable.result(timeout_s)
+
+
+@dataclass
+class StoreStats:
+    commitlog_min_offset: int
+    commitlog_max_offset: int
+    flushed_offset: int
+    dispatched_offset: int
+    disk_usage_ratio: float
+    writable: bool
+    queues: int
+    recovery: RecoveryReport | None = field(default=None)
+
+
+def done_future(value: T) -> Future[T]:
+    f: Future[T] = Future()
+    f.set_result(value)
+    return f
