@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from tidemq.protos import common_pb2
+from tidemq.protos import broker_pb2, common_pb2
 from tidemq.protos.errors import error_metadata
 from tidemq.storage import errors as store_errors
 
@@ -56,6 +56,69 @@ def invalid(message: str, code: int = E.INVALID_ARGUMENT) -> ServiceError:
 
 def not_found(message: str, code: int) -> ServiceError:
     return ServiceError(grpc.StatusCode.NOT_FOUND, code, message)
+
+
+# ---------------------------------------------------------------- receive/ack consumption
+# A receive group's refusals. None is retriable: the same call would fail the same way (a handle
+# that expired stays expired; the message comes again by receiving it).
+
+# How an error names a consume model: what it is, and the clients that use it.
+MODEL_NAMES = {
+    broker_pb2.OFFSETS: "offsets (model OFFSETS: pull and commit, Consumer and QueueReader)",
+    broker_pb2.RECEIVE: "receive/ack (model RECEIVE: SimpleConsumer and PushConsumer)",
+}
+# The CLI's spelling of each model (`tidemq consumer-group update GROUP --model ...`).
+MODEL_FLAGS = {broker_pb2.OFFSETS: "offsets", broker_pb2.RECEIVE: "receive"}
+
+
+def model_mismatch(group: str, has: int, wants: int) -> ServiceError:
+    """A call of one consume model on a group that uses the other (FAILED_PRECONDITION)."""
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        E.CONSUME_MODEL_MISMATCH,
+        f"consumer group {group!r} consumes by {MODEL_NAMES.get(has, has)}; this call consumes"
+        f" by {MODEL_NAMES.get(wants, wants)}: use another group for it, or change the group's"
+        f" model with `tidemq consumer-group update {group} --model"
+        f" {MODEL_FLAGS.get(wants, wants)}`",
+    )
+
+
+def consume_disabled(group: str) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        E.CONSUME_DISABLED,
+        f"consumption is disabled for consumer group {group!r}: an operator enables it with"
+        f" `tidemq consumer-group update {group} --consume-enabled true`",
+    )
+
+
+def invalid_handle(message: str) -> ServiceError:
+    """Unparsable, forged, or another group's, topic's or broker group's receipt handle."""
+    return ServiceError(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_RECEIPT_HANDLE, message)
+
+
+def handle_expired(message: str) -> ServiceError:
+    """The handle's delivery is over (invisible time ended, nacked, dead-lettered, replaced)."""
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, E.RECEIPT_HANDLE_EXPIRED, message)
+
+
+def already_acked(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, E.MESSAGE_ALREADY_ACKED, message)
+
+
+def system_topic(topic: str, what: str = "send to") -> ServiceError:
+    """A client naming a topic only the broker writes (%SYS%..., %DLQ%...)."""
+    why = (
+        "a dead-letter queue, which only the broker writes (`tidemq dlq resend` sends a dead "
+        "letter back to its own topic)"
+        if topic.startswith("%DLQ%")
+        else "the broker's own log"
+    )
+    return invalid(f"cannot {what} {topic!r}: a system topic, {why}", E.INVALID_TOPIC)
+
+
+def group_not_found(group: str) -> ServiceError:
+    return not_found(f"consumer group {group!r} does not exist on this broker", E.GROUP_NOT_FOUND)
 
 
 # Storage error class -> wire form. Subclasses come before their bases: the first match wins.

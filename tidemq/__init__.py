@@ -11,7 +11,16 @@ The Python SDK::
         for message in consumer.poll(max_messages=10, timeout_s=2):
             print(message.body)
 
-``AsyncProducer``, ``AsyncConsumer`` and ``AsyncAdmin`` are the asyncio versions. Errors are
+Receive/ack consumption (each message acked on its own, retried with backoff, dead-lettered
+after the group's max attempts)::
+
+    with tidemq.SimpleConsumer("billing", "orders") as consumer:
+        for message in consumer.receive(max_messages=16, invisible_duration_s=30):
+            consumer.ack(message)
+
+``PushConsumer`` calls a listener that answers ``tidemq.ConsumeResult.SUCCESS`` or ``FAILURE``.
+``AsyncProducer``, ``AsyncConsumer``, ``AsyncSimpleConsumer``, ``AsyncPushConsumer`` and
+``AsyncAdmin`` are the asyncio versions. Errors are
 ``tidemq.errors.TidemqError`` subclasses carrying ``retriable``.
 """
 
@@ -23,12 +32,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tidemq import errors
     from tidemq.admin import Admin, AsyncAdmin, QueueStatus
-    from tidemq.consumer import AsyncConsumer, Consumer, ConsumerConfig
+    from tidemq.consumer import (
+        AsyncConsumer,
+        AsyncPushConsumer,
+        AsyncSimpleConsumer,
+        Consumer,
+        ConsumerConfig,
+        PushConsumer,
+        PushConsumerConfig,
+        SimpleConsumer,
+        SimpleConsumerConfig,
+    )
     from tidemq.errors import TidemqError
     from tidemq.producer import AsyncProducer, Producer, ProducerConfig
     from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
     from tidemq.routes import MessageQueue
-    from tidemq.types import Message, ReceivedMessage, SendResult, SendStatus
+    from tidemq.types import ConsumeResult, Message, ReceivedMessage, SendResult, SendStatus
 
 __version__ = "0.1.0"
 
@@ -37,7 +56,10 @@ __all__ = [
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncProducer",
+    "AsyncPushConsumer",
     "AsyncQueueReader",
+    "AsyncSimpleConsumer",
+    "ConsumeResult",
     "Consumer",
     "ConsumerConfig",
     "Message",
@@ -46,11 +68,15 @@ __all__ = [
     "ProducerConfig",
     "PullResult",
     "PullStatus",
+    "PushConsumer",
+    "PushConsumerConfig",
     "QueueReader",
     "QueueStatus",
     "ReceivedMessage",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
+    "SimpleConsumerConfig",
     "TidemqError",
     "errors",
 ]
@@ -65,6 +91,12 @@ _HOMES = {
     "AsyncConsumer": "tidemq.consumer",
     "Consumer": "tidemq.consumer",
     "ConsumerConfig": "tidemq.consumer",
+    "AsyncPushConsumer": "tidemq.consumer",
+    "AsyncSimpleConsumer": "tidemq.consumer",
+    "PushConsumer": "tidemq.consumer",
+    "PushConsumerConfig": "tidemq.consumer",
+    "SimpleConsumer": "tidemq.consumer",
+    "SimpleConsumerConfig": "tidemq.consumer",
     "TidemqError": "tidemq.errors",
     "AsyncProducer": "tidemq.producer",
     "Producer": "tidemq.producer",
@@ -74,6 +106,7 @@ _HOMES = {
     "PullStatus": "tidemq.reader",
     "QueueReader": "tidemq.reader",
     "MessageQueue": "tidemq.routes",
+    "ConsumeResult": "tidemq.types",
     "Message": "tidemq.types",
     "ReceivedMessage": "tidemq.types",
     "SendResult": "tidemq.types",

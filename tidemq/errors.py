@@ -105,6 +105,29 @@ class ClientClosedError(TidemqError):
     """The producer, consumer or admin client was closed."""
 
 
+class InvalidReceiptHandle(InvalidArgumentError):
+    """The receipt handle is not one the broker gave out for this group and topic: damaged,
+    forged, or another group's or topic's."""
+
+
+class ReceiptHandleExpired(TidemqError):
+    """The handle's delivery is over: its invisible time ended, or the message was nacked,
+    dead-lettered or given a new handle since. Receive the message again."""
+
+
+class MessageAlreadyAcked(TidemqError):
+    """The message of this handle was acknowledged already."""
+
+
+class ConsumeModelMismatch(TidemqError):
+    """The group consumes by offsets and this is a receive/ack call, or the reverse. An
+    operator changes a group's model (``tidemq consumer-group update --model``)."""
+
+
+class ConsumeDisabled(TidemqError):
+    """An operator disabled consumption for the group."""
+
+
 _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.INVALID_ARGUMENT: InvalidArgumentError,
     common_pb2.INVALID_TOPIC: InvalidArgumentError,
@@ -114,6 +137,7 @@ _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.INVALID_QUEUE_ID: InvalidArgumentError,
     common_pb2.INVALID_MESSAGE_ID: InvalidArgumentError,
     common_pb2.INVALID_TAG_EXPRESSION: InvalidArgumentError,
+    common_pb2.INVALID_RECEIPT_HANDLE: InvalidReceiptHandle,
     common_pb2.TOPIC_NOT_FOUND: TopicNotFoundError,
     common_pb2.TOPIC_EXISTS: InvalidArgumentError,
     common_pb2.GROUP_NOT_FOUND: NotFoundError,
@@ -127,6 +151,10 @@ _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.BROKER_BUSY: BrokerUnavailableError,
     common_pb2.STALE_EPOCH: StaleEpochError,
     common_pb2.CORRUPT_RECORD: CorruptDataError,
+    common_pb2.RECEIPT_HANDLE_EXPIRED: ReceiptHandleExpired,
+    common_pb2.MESSAGE_ALREADY_ACKED: MessageAlreadyAcked,
+    common_pb2.CONSUME_MODEL_MISMATCH: ConsumeModelMismatch,
+    common_pb2.CONSUME_DISABLED: ConsumeDisabled,
 }
 
 _BY_STATUS: dict[grpc.StatusCode, type[TidemqError]] = {
@@ -145,19 +173,36 @@ def from_rpc_error(error: grpc.RpcError, target: str = "") -> TidemqError:
     status: grpc.StatusCode = error.code()
     details: str = error.details() or status.name
     detail: Any = detail_from_metadata(error.trailing_metadata())
-    where = f" ({target})" if target else ""
     if detail is not None and detail.code:
-        cls = _BY_CODE.get(detail.code, TidemqError)
-        return cls(
-            f"{detail.message or details}{where}",
-            code=common_pb2.ErrorCode.Name(detail.code),
-            retriable=detail.retriable,
-            status=status,
-            min_offset=detail.min_offset,
-            max_offset=detail.max_offset,
-        )
+        return from_detail(detail, target, status=status, fallback_message=details)
+    where = f" ({target})" if target else ""
     cls = _BY_STATUS.get(status, TidemqError)
     return cls(f"{details}{where}", code=status.name, status=status)
+
+
+def from_detail(
+    detail: Any,
+    target: str = "",
+    *,
+    status: grpc.StatusCode | None = None,
+    fallback_message: str = "",
+) -> TidemqError:
+    """The typed exception for an ``ErrorDetail``: a failed call's trailer, or one handle's
+    result in a batch answer (AckMessage, NackMessage)."""
+    where = f" ({target})" if target else ""
+    cls = _BY_CODE.get(detail.code, TidemqError)
+    try:
+        code = common_pb2.ErrorCode.Name(detail.code)
+    except ValueError:  # a newer server's code: keep the number
+        code = str(detail.code)
+    return cls(
+        f"{detail.message or fallback_message or code}{where}",
+        code=code,
+        retriable=detail.retriable,
+        status=status,
+        min_offset=detail.min_offset,
+        max_offset=detail.max_offset,
+    )
 
 
 def is_retriable(error: BaseException) -> bool:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from tidemq.protos import broker_pb2
+
+# RocketMQ 5's property for a message's message group (its sharding key): FIFO delivery per
+# message group, and the producer routes a group to one queue.
+MESSAGE_GROUP_PROPERTY = "__SHARDINGKEY"
 
 
 class SendStatus(enum.Enum):
@@ -55,8 +59,10 @@ class SendResult(NamedTuple):
 
 @dataclass(frozen=True)
 class Message:
-    """A message to send. ``sharding_key``: messages with the same key go to the same queue, so
-    a consumer sees them in the order they were sent."""
+    """A message to send. ``message_group`` (``sharding_key`` is the same thing under its older
+    name): messages of one group go to the same queue, so a consumer sees them in the order they
+    were sent, and a FIFO receive group gets each only after the group's earlier ones were
+    acknowledged. It travels as the ``__SHARDINGKEY`` property (RocketMQ 5's)."""
 
     topic: str
     body: bytes
@@ -64,6 +70,31 @@ class Message:
     keys: Sequence[str] = ()
     properties: Mapping[str, str] | None = None
     sharding_key: str | None = None
+    message_group: str | None = None
+
+    def __post_init__(self) -> None:
+        group = message_group_of(self.message_group, self.sharding_key)
+        object.__setattr__(self, "message_group", group)
+        object.__setattr__(self, "sharding_key", group)
+
+
+def message_group_of(message_group: str | None, sharding_key: str | None) -> str | None:
+    """The one message group named by either spelling; both given must agree."""
+    if message_group is not None and sharding_key is not None and message_group != sharding_key:
+        raise ValueError(
+            f"message_group {message_group!r} and sharding_key {sharding_key!r} differ: they are"
+            " one setting (sharding_key is the older name), give one"
+        )
+    return message_group if message_group is not None else sharding_key
+
+
+class ConsumeResult(enum.Enum):
+    """What a ``PushConsumer`` listener answers for a message (RocketMQ 5's names): SUCCESS
+    acknowledges it; FAILURE (or an exception) gives it back for a retry after the group's
+    backoff."""
+
+    SUCCESS = "SUCCESS"
+    FAILURE = "FAILURE"
 
 
 @dataclass(frozen=True)
@@ -83,6 +114,46 @@ class ReceivedMessage:
     born_host: str = ""
     store_host: str = ""
     reconsume_times: int = 0
+    # Receive/ack consumption (SimpleConsumer, PushConsumer); unset for pulled messages.
+    # The handle that acks, nacks or changes this delivery; change_invisible_duration replaces
+    # it in place (as RocketMQ's clients do), so it is left out of equality and hashing.
+    receipt_handle: str = field(default="", compare=False)
+    delivery_attempt: int = 0  # 1 on the first delivery
+    message_group: str | None = None
+    # Wall-clock ms (the broker's clock) when the invisibility, and with it the handle, ends.
+    invisible_until_ms: int = field(default=0, compare=False)
+
+    @classmethod
+    def from_received(cls, r: Any, broker: str) -> ReceivedMessage:
+        """From a ``ReceiveMessageResponse`` entry: the stored message and its delivery."""
+        m = r.message
+        return cls(
+            topic=m.topic,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            body=m.body,
+            tag=m.tag or None,
+            keys=tuple(m.keys),
+            properties=dict(m.properties),
+            msg_id=m.msg_id,
+            born_timestamp_ms=m.born_timestamp_ms,
+            store_timestamp_ms=m.store_timestamp_ms,
+            broker=broker,
+            commitlog_offset=m.commitlog_offset,
+            born_host=m.born_host,
+            store_host=m.store_host,
+            reconsume_times=m.reconsume_times,
+            receipt_handle=r.receipt_handle,
+            delivery_attempt=r.delivery_attempt,
+            message_group=r.message_group or None,
+            invisible_until_ms=r.invisible_until_ms,
+        )
+
+    def renew(self, receipt_handle: str, invisible_until_ms: int) -> None:
+        """The new handle of a changed invisibility (the old one stopped working). The rest of
+        the message stays a value; only the delivery's handle moves on."""
+        object.__setattr__(self, "receipt_handle", receipt_handle)
+        object.__setattr__(self, "invisible_until_ms", invisible_until_ms)
 
     @classmethod
     def from_proto(cls, m: Any, broker: str) -> ReceivedMessage:
@@ -124,4 +195,14 @@ class ReceivedMessage:
             "store_timestamp_ms": self.store_timestamp_ms,
             "body": body,
             "body_encoding": encoding,
+            **(
+                {
+                    "delivery_attempt": self.delivery_attempt,
+                    "message_group": self.message_group,
+                    "invisible_until_ms": self.invisible_until_ms,
+                    "receipt_handle": self.receipt_handle,
+                }
+                if self.receipt_handle
+                else {}
+            ),
         }

@@ -179,6 +179,48 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="failover auto: a master stops acknowledging this long after losing ZooKeeper (1000)",
     )
     p.add_argument(
+        "--receive-min-invisible-ms",
+        type=int,
+        metavar="N",
+        help="shortest invisible duration a receive may ask (default 1000)",
+    )
+    p.add_argument(
+        "--receive-max-invisible-ms",
+        type=int,
+        metavar="N",
+        help="longest invisible duration a receive may ask (default 43200000)",
+    )
+    p.add_argument(
+        "--max-receive-messages",
+        type=int,
+        metavar="N",
+        help="messages one receive may ask for (default 1024)",
+    )
+    p.add_argument(
+        "--max-handles-per-call",
+        type=int,
+        metavar="N",
+        help="receipt handles one ack or nack may carry (default 1024)",
+    )
+    p.add_argument(
+        "--receive-max-held-messages",
+        type=int,
+        metavar="N",
+        help="FIFO: messages a queue holds back behind blocked groups (10000)",
+    )
+    p.add_argument(
+        "--revive-interval-ms",
+        type=int,
+        metavar="N",
+        help="dead-letter exhausted messages and commit floors this often (1000)",
+    )
+    p.add_argument(
+        "--receive-snapshot-interval-ms",
+        type=int,
+        metavar="N",
+        help="snapshot the receive state this often when changed (10000)",
+    )
+    p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
@@ -218,6 +260,13 @@ def run(args: argparse.Namespace) -> int:
         "unclean_election",
         "isr_max_lag_ms",
         "failover_lease_ms",
+        "receive_min_invisible_ms",
+        "receive_max_invisible_ms",
+        "max_receive_messages",
+        "max_handles_per_call",
+        "receive_max_held_messages",
+        "revive_interval_ms",
+        "receive_snapshot_interval_ms",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

@@ -92,6 +92,19 @@ class BrokerConfig:
     failover_lease_ms: int = 1_000
     # How long the best candidate gives the others to publish their final offsets.
     election_settle_ms: int = 500
+    # Receive/ack consumption (docs/consumption.md). A receive's invisible duration must lie
+    # within [min, max]; a receive asks for at most max_receive_messages, and an ack or nack
+    # carries at most max_handles_per_call handles. A FIFO queue holds back at most
+    # receive_max_held_messages behind blocked message groups. The revive task dead-letters
+    # exhausted messages and commits receive groups' floors every revive_interval_ms; the
+    # in-flight state is snapshotted every receive_snapshot_interval_ms when it changed.
+    receive_min_invisible_ms: int = 1_000
+    receive_max_invisible_ms: int = 43_200_000
+    max_receive_messages: int = 1024
+    max_handles_per_call: int = 1024
+    receive_max_held_messages: int = 10_000
+    revive_interval_ms: int = 1_000
+    receive_snapshot_interval_ms: int = 10_000
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -131,6 +144,12 @@ class BrokerConfig:
             "default_queue_nums",
             "config_sync_interval_ms",
             "config_full_sync_interval_ms",
+            "receive_min_invisible_ms",
+            "max_receive_messages",
+            "max_handles_per_call",
+            "receive_max_held_messages",
+            "revive_interval_ms",
+            "receive_snapshot_interval_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
@@ -140,6 +159,8 @@ class BrokerConfig:
             problems.append("max_pull_response_bytes must be <= max_request_bytes")
         if self.config_full_sync_interval_ms < self.config_sync_interval_ms:
             problems.append("config_full_sync_interval_ms must be >= config_sync_interval_ms")
+        if self.receive_max_invisible_ms < self.receive_min_invisible_ms:
+            problems.append("receive_max_invisible_ms must be >= receive_min_invisible_ms")
         problems += self._zk_problems()
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))

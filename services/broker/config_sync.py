@@ -1,6 +1,7 @@
-"""Config sync: a slave copies its master's topics, subscription groups and consumer offsets
-(RocketMQ's SlaveSynchronize), so that consumers reading from the slave, or a slave that becomes
-master, find the same topics, groups and positions.
+"""Config sync: a slave copies its master's topics, subscription groups (with their consume
+model and settings) and consumer offsets (RocketMQ's SlaveSynchronize), so that consumers
+reading from the slave, or a slave that becomes master, find the same topics, groups, settings
+and positions.
 
 Every ``config_sync_interval_ms`` (3 s) the slave asks with the data versions it holds; the
 master leaves out tables whose version matches, except on a full sync (at most every
@@ -29,7 +30,7 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2
-from tidemq.services.broker.groups import SubscriptionGroup, SubscriptionGroupManager
+from tidemq.services.broker.groups import SubscriptionGroupManager, group_of, group_proto
 from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
 from tidemq.services.broker.topics import DataVersion, TopicConfig, TopicManager
 from tidemq.storage.clock import now_ms
@@ -97,12 +98,7 @@ def answer(
         response.topics.extend(topic_proto(t) for t in topics.all())
     if request.full or version_of(request.groups_version) != groups.data_version:
         response.groups_included = True
-        response.groups.extend(
-            broker_pb2.SubscriptionGroup(
-                group=g.group, mode=g.mode, topics=g.topics, created_ms=g.created_ms
-            )
-            for g in groups.all()
-        )
+        response.groups.extend(group_proto(g) for g in groups.all())
     response.offsets.extend(offset_protos(offsets.entries()))
     return response
 
@@ -186,10 +182,7 @@ class ConfigSync:
         )
         if topics_changed:
             log.info("config sync: %d topics from the master", len(response.topics))
-        groups = [
-            SubscriptionGroup(g.group, g.mode, tuple(g.topics), g.created_ms)
-            for g in response.groups
-        ]
+        groups = [group_of(g) for g in response.groups]
         if response.groups_included and self.groups.replace_all(
             groups, version_of(response.groups_version)
         ):

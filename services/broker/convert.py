@@ -8,6 +8,7 @@ from typing import Any
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.receive.dead_letter import is_system_topic
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import invalid
@@ -110,7 +111,9 @@ def topic_proto(t: TopicConfig) -> Any:
 
 
 def topic_protos(topics: TopicManager) -> list[Any]:
-    return [topic_proto(t) for t in topics.all()]
+    """The topics a broker publishes (routes) and lists: its own logs (%SYS%) are not for
+    clients."""
+    return [topic_proto(t) for t in topics.all() if not is_system_topic(t.topic)]
 
 
 def broker_info(config: BrokerConfig, topics: TopicManager, role: RoleState) -> Any:

@@ -121,6 +121,30 @@ class BrokerMetrics:
             "Pulls suspended in a long-poll wait right now",
             registry=r,
         )
+        self.receive_acks = Counter(
+            "tidemq_receive_acks",
+            "Messages acked by receive groups, by group",
+            ["group"],
+            registry=r,
+        )
+        self.receive_redeliveries = Counter(
+            "tidemq_receive_redeliveries",
+            "Messages received again (delivery attempt > 1), by group",
+            ["group"],
+            registry=r,
+        )
+        self.receive_messages = Counter(
+            "tidemq_receive_messages",
+            "Messages delivered by ReceiveMessage, by group",
+            ["group"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "tidemq_dead_letters",
+            "Messages moved to their group's dead-letter queue, by group",
+            ["group"],
+            registry=r,
+        )
         r.register(
             StateCollector(config, store, topics, clients, offsets, groups, replication_status)
         )
@@ -152,6 +176,17 @@ class BrokerMetrics:
         if messages:
             self.pull_messages.labels(topic).inc(messages)
             self.pull_bytes.labels(topic).inc(size_bytes)
+
+    def received(self, group: str, messages: int, redeliveries: int) -> None:
+        self.receive_messages.labels(group).inc(messages)
+        if redeliveries:
+            self.receive_redeliveries.labels(group).inc(redeliveries)
+
+    def acked(self, group: str, messages: int) -> None:
+        self.receive_acks.labels(group).inc(messages)
+
+    def dead_lettered(self, group: str, messages: int) -> None:
+        self.dead_letters.labels(group).inc(messages)
 
     @contextlib.contextmanager
     def long_poll(self) -> Iterator[None]:

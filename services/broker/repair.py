@@ -134,13 +134,7 @@ def from_peer(store_dir: str, address: str, damaged: set[str]) -> list[str]:
         done.append(f"topics: {len(peer.topics)} from {address}")
     if "groups" in damaged:
         g = groups.SubscriptionGroupManager(store_dir)
-        g.replace_all(
-            [
-                groups.SubscriptionGroup(x.group, x.mode, tuple(x.topics), x.created_ms)
-                for x in peer.groups
-            ],
-            version_of(peer.groups_version),
-        )
+        g.replace_all([groups.group_of(x) for x in peer.groups], version_of(peer.groups_version))
         done.append(f"groups: {len(peer.groups)} from {address}")
     o = offsets.OffsetManager(store_dir)
     merged = o.merge(offsets_of(peer.offsets))

@@ -1,7 +1,8 @@
 """What the broker tells its store's retention (``tidemq.storage.retention``), which knows nothing
 of slaves or consumer groups: the replica floor, from the master's replication tracker, and every
-group's committed queue offsets, from the OffsetManager. Both are read in the store's
-housekeeping thread at each retention pass."""
+group's committed queue offsets, from the OffsetManager, and the receive log's position its
+oldest kept snapshot needs (``receive.journal``). All are read in the store's housekeeping
+thread at each retention pass."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ def wire_retention_floors(
     store: MessageStore,
     replication: Callable[[], ReplicationServicer | None],
     offsets: OffsetManager,
+    receive_log: Callable[[], QueuePosition] | None = None,
 ) -> None:
     """``replication`` returns the master's Replication service once the broker has one (before
     the store opens, so no retention pass runs without the floors)."""
@@ -29,6 +31,9 @@ def wire_retention_floors(
         return replica_floor(master.tracker, store.log.max_offset, master.confirmed_offset)
 
     def consumers() -> list[QueuePosition]:
-        return [(o.topic, o.queue_id, o.offset) for o in offsets.entries()]
+        positions = [(o.topic, o.queue_id, o.offset) for o in offsets.entries()]
+        if receive_log is not None:
+            positions.append(receive_log())
+        return positions
 
     store.set_retention_floors(replicas=replicas, consumers=consumers)

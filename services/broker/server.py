@@ -30,10 +30,16 @@ from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.publication import RegistrationRounds
+from tidemq.services.broker.receive.figures import ReceiveCollector
+from tidemq.services.broker.receive.journal import ReceiveJournal
+from tidemq.services.broker.receive.revive import Reviver
+from tidemq.services.broker.receive.service import ReceiveService
+from tidemq.services.broker.receive.waiters import ReceiveWaiters
 from tidemq.services.broker.replication import (
     TypedReplicationServicer,
     identity,
@@ -74,7 +80,14 @@ class Broker:
         self.topics = TopicManager(config.store_dir)
         self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
-        wire_retention_floors(self.store, lambda: self.replication, self.offsets)
+        # The receive log: receive groups' in-flight state as records in the CommitLog.
+        self.journal = ReceiveJournal(self.store, config.store_dir)
+        wire_retention_floors(
+            self.store,
+            lambda: self.replication,
+            self.offsets,
+            receive_log=self.journal.retention_position,
+        )
         if config.automatic:
             # A damaged epoch file refuses start-up here, before the store opens (StateFileError).
             EpochFile(config.store_dir)
@@ -103,6 +116,7 @@ class Broker:
         self.slave: SlaveClient | None = None
         self.metrics: BrokerMetrics | None = None
         self.step_aside: StepAside | None = None
+        self.reviver: Reviver | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_port = 0
         # Built here so a broker that could never register (a bad name) fails before serving.
@@ -117,6 +131,10 @@ class Broker:
         await loop.run_in_executor(None, self.store.open)
         waiters = PullWaiters(loop)
         self.store.add_dispatch_listener(waiters.notify)
+        receive_waiters = ReceiveWaiters(loop)
+        self.store.add_dispatch_listener(receive_waiters.dispatched)
+        self.journal.listen(loop)
+        await loop.run_in_executor(None, self.journal.open)
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
@@ -154,6 +172,27 @@ class Broker:
                 self.groups,
                 self.replication_status,
             )
+
+        def receive_service(checks: BrokerChecks) -> ReceiveService:
+            return ReceiveService(
+                cfg,
+                self.store,
+                self.journal,
+                checks,
+                self.groups,
+                self.offsets,
+                self.topics,
+                receive_waiters,
+                self._publish_topics,
+                self.replication,
+                self._confirm_cap,
+                self.metrics,
+            )
+
+        if self.metrics is not None:
+            self.metrics.registry.register(
+                ReceiveCollector(lambda: self.journal.states, self.groups)
+            )
         self.servicer = BrokerServicer(
             cfg,
             self.store,
@@ -169,6 +208,17 @@ class Broker:
             role=self.role,
             confirm_cap=self._confirm_cap,
             failover=self.failover,
+            receive=receive_service,
+        )
+        assert self.servicer.receive is not None
+        self.reviver = Reviver(
+            self.servicer.receive.service,
+            self.servicer.receive.settle,
+            self.journal,
+            self.groups,
+            self.offsets,
+            self.role,
+            cfg.receive_snapshot_interval_ms,
         )
         # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
         # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
@@ -212,6 +262,8 @@ class Broker:
             asyncio.create_task(self._every(self.config.offset_flush_interval_ms, self._persist)),
             asyncio.create_task(self._every(10_000, self._expire_clients)),
             asyncio.create_task(self._register_loop()),
+            asyncio.create_task(self.journal.follow()),
+            asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
         ]
         if self.failover is None and self.slave is not None:
             self._tasks.append(asyncio.create_task(self.slave.run()))
@@ -349,6 +401,8 @@ class Broker:
             # Before the store closes: a scrape reads the store.
             await loop.run_in_executor(None, self.metrics.stop)
         await loop.run_in_executor(None, self.offsets.persist)
+        if self.reviver is not None:
+            await self.reviver.snapshot()  # a restart replays nothing
         await loop.run_in_executor(None, self.store.close)
         log.info("broker %s stopped cleanly", self.config.broker_name)
 

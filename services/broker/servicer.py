@@ -20,13 +20,16 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.broker_admin import BrokerAdminHandlers, FailoverControl
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.handlers.consumers import ConsumerHandlers
+from tidemq.services.broker.handlers.group_admin import GroupAdminHandlers
 from tidemq.services.broker.handlers.lookups import LookupHandlers
 from tidemq.services.broker.handlers.pull import PullHandler
+from tidemq.services.broker.handlers.receive import ReceiveHandlers
 from tidemq.services.broker.handlers.send import SendHandler
 from tidemq.services.broker.handlers.topic_admin import TopicAdminHandlers
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicManager
 from tidemq.storage import MessageStore
@@ -49,23 +52,30 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         role: RoleState | None = None,
         confirm_cap: Callable[[], int | None] | None = None,
         failover: FailoverControl | None = None,
+        receive: Callable[[BrokerChecks], ReceiveService] | None = None,
     ) -> None:
         role = role or RoleState.for_config(config.role, config.broker_id, False, 0)
         self.checks = checks = BrokerChecks(config, topics, role)
         self.waiters = waiters
         self.send = SendHandler(checks, store, publish_topics, replication, metrics)
-        self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics)
+        self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics, groups)
         self.lookups = LookupHandlers(checks, store, metrics)
         self.consumers = ConsumerHandlers(checks, clients, groups, offsets, metrics)
         self.topic_admin = TopicAdminHandlers(checks, publish_topics, metrics)
         self.broker_admin = BrokerAdminHandlers(
             checks, store, groups, offsets, replication_status, failover, metrics
         )
+        self.group_admin = GroupAdminHandlers(checks, groups, metrics)
+        self.receive = (
+            ReceiveHandlers(checks, receive(checks), metrics) if receive is not None else None
+        )
 
     def stop_accepting(self) -> None:
         """Shutdown: new work is refused, and long polls in flight answer now."""
         self.checks.shutting_down = True
         self.waiters.wake_all()
+        if self.receive is not None:
+            self.receive.service.waiters.wake_all()
 
     # ------------------------------------------------------------------ send and pull
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -98,6 +108,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         return await self.consumers.GetConsumerList(request, context)
 
     async def CommitOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if self.receive is not None and request.reset and self.receive.is_receive_group(request):
+            # An operator's reset of a receive group: its in-flight state starts over there.
+            return await self.receive.ResetOffset(request, context)
         return await self.consumers.CommitOffset(request, context)
 
     async def QueryConsumerOffset(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -122,3 +135,39 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.broker_admin.SyncConfig(request, context)
+
+    # ------------------------------------------------------------------ consumer groups
+    async def GetConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.GetConsumerGroup(request, context)
+
+    async def UpdateConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.UpdateConsumerGroup(request, context)
+
+    async def ListConsumerGroups(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.ListConsumerGroups(request, context)
+
+    async def DeleteConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.group_admin.DeleteConsumerGroup(request, context)
+
+    # ------------------------------------------------------------------ receive/ack
+    def _receive(self) -> ReceiveHandlers:
+        assert self.receive is not None, "a broker serving receive/ack is built with its service"
+        return self.receive
+
+    async def ReceiveMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().ReceiveMessage(request, context)
+
+    async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().AckMessage(request, context)
+
+    async def NackMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().NackMessage(request, context)
+
+    async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().ChangeInvisibleDuration(request, context)
+
+    async def DeadLetterMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().DeadLetterMessage(request, context)
+
+    async def GetReceiveState(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().GetReceiveState(request, context)

@@ -19,7 +19,8 @@ from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.convert import SEND_STATUS
 from tidemq.services.broker.durability import send_status, waits_for_slaves
 from tidemq.services.broker.handlers.checks import BrokerChecks
-from tidemq.services.broker.handlers.send import SendHandler, wait_durable
+from tidemq.services.broker.handlers.send import SendHandler
+from tidemq.services.broker.put_waits import wait_durable
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.storage import AppendResult, Message, MessageStore, PutResult, PutStatus
@@ -102,7 +103,7 @@ def test_without_replication_the_answer_is_the_flush() -> None:
         assert send_status(flushed, None, may_acknowledge=False) is None
 
 
-# -- the waiting (handlers.send.wait_durable) ------------------------------------------------
+# -- the waiting (put_waits.wait_durable) ----------------------------------------------------
 
 
 class FakeReplication:

@@ -1,4 +1,6 @@
 """``Admin``: topics, consumer groups, offsets and cluster status, for scripts and the CLI.
+Consumer group settings and receive state are in ``consumer_groups``, dead-letter queues in
+``dead_letters``.
 
 Topics live on brokers; a topic "in a cluster" is the same topic config on every master of the
 cluster (RocketMQ's ``updateTopic -c``). ``create_topic`` waits until the nameservers route the
@@ -16,6 +18,8 @@ from typing import Any
 import grpc
 
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq.admin.consumer_groups import AsyncConsumerGroups, ConsumerGroups
+from tidemq.admin.dead_letters import AsyncDeadLetters, DeadLetters
 from tidemq.admin.status import broker_json, broker_status_json, nameserver_json
 from tidemq.errors import (
     InvalidArgumentError,
@@ -53,7 +57,7 @@ class QueueStatus:
         return max(0, self.max_offset - self.committed_offset)
 
 
-class AsyncAdmin:
+class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters):
     def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
         self._channels = Channels()
         self.nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
@@ -322,12 +326,12 @@ def _gone(route: TopicRoute | None) -> bool:
     return route is None
 
 
-class Admin:
+class Admin(ConsumerGroups, DeadLetters):
     """The blocking admin client; every method of ``AsyncAdmin``, waiting for the answer."""
 
     def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
         self._runner = LoopThread("tidemq-admin")
-        self._core = AsyncAdmin(nameserver)
+        self._core: AsyncAdmin = AsyncAdmin(nameserver)
 
     def __enter__(self) -> Admin:
         return self

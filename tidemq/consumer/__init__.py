@@ -20,9 +20,31 @@ without it, ``commit()`` commits everything returned so far. A new group starts 
 The modules: ``consumer`` (the API), ``membership`` (heartbeats, the member list, which queues
 this member owns), ``pulling`` (a queue's state and its pull task), ``offsets`` (commits and
 start positions), ``brokers`` (which broker of a group to call: master or slave), ``config``.
+
+Receive/ack consumption (RocketMQ 5's SimpleConsumer and PushConsumer; no queue is owned, the
+brokers keep each message's delivery state): ``simple`` (``SimpleConsumer``), ``push``
+(``PushConsumer``: listener, concurrency, shutdown), ``receive_calls`` (heartbeats with model
+RECEIVE, receives from the masters in turn, acks to the current master of a message's broker
+group), ``settling`` (acks and nacks per broker group, per-handle results), ``acks`` (ack
+batching), ``renewal`` (when a running message's invisibility is renewed), ``receive_config``
+(their settings).
 """
 
 from tidemq.consumer.config import ConsumerConfig
 from tidemq.consumer.consumer import AsyncConsumer, Consumer
+from tidemq.consumer.push import AsyncPushConsumer, PushConsumer, PushStats
+from tidemq.consumer.receive_config import PushConsumerConfig, SimpleConsumerConfig
+from tidemq.consumer.simple import AsyncSimpleConsumer, SimpleConsumer
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerConfig"]
+__all__ = [
+    "AsyncConsumer",
+    "AsyncPushConsumer",
+    "AsyncSimpleConsumer",
+    "Consumer",
+    "ConsumerConfig",
+    "PushConsumer",
+    "PushConsumerConfig",
+    "PushStats",
+    "SimpleConsumer",
+    "SimpleConsumerConfig",
+]

@@ -4,8 +4,9 @@ background loop).
 How a send travels (``producer`` -> ``accumulator`` -> ``sender``):
 - **Queue selection** (``routing``): round robin over the topic's writable queues, skipping
   broker groups that just failed or answered slowly (``fault.LatencyFaultTolerance``); or, with
-  a ``sharding_key``, always the same queue for the same key (CRC32 of the key over the sorted
-  queue list), so one consumer sees that key's messages in order.
+  a ``message_group`` (``sharding_key``, its older name), always the same queue for the same
+  group (CRC32 of it over the sorted queue list), so one consumer sees that group's messages in
+  order; the group travels as the ``__SHARDINGKEY`` property (FIFO receive groups use it).
 - **Automatic batching** (``accumulator``): messages for one broker group collect in an open
   batch. It is sent when it is full (``batch_max_messages`` / ``batch_max_bytes``), when
   ``linger_ms`` has passed, or, with ``linger_ms=0``, as soon as fewer than

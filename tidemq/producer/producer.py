@@ -25,7 +25,7 @@ from tidemq.producer.pending import Pending
 from tidemq.producer.routing import QueueSelector
 from tidemq.producer.sender import FAILOVER_POLL_S, Sender
 from tidemq.routes import NameServerClient, RouteCache, TopicRoute
-from tidemq.types import Message, SendResult
+from tidemq.types import Message, SendResult, message_group_of
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,13 @@ def _check_topic(topic: object) -> str:
 
 def _keys(keys: Sequence[str] | str) -> tuple[str, ...]:
     return (keys,) if isinstance(keys, str) else tuple(keys)
+
+
+def _message_group(message_group: str | None, sharding_key: str | None) -> str | None:
+    try:
+        return message_group_of(message_group, sharding_key)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e), code="INVALID_ARGUMENT") from None
 
 
 class AsyncProducer:
@@ -135,10 +142,12 @@ class AsyncProducer:
         keys: Sequence[str] | str = (),
         properties: Mapping[str, str] | None = None,
         sharding_key: str | None = None,
+        message_group: str | None = None,
     ) -> SendResult:
         self._check_open()
+        group = _message_group(message_group, sharding_key)
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        pending = self.pending(topic, body, tag, keys, properties, future, sharding_key)
+        pending = self.pending(topic, body, tag, keys, properties, future, group)
         self._unanswered.expect(1)
         self._accept(pending)
         return await future
@@ -328,9 +337,16 @@ class Producer:
         keys: Sequence[str] | str = (),
         properties: Mapping[str, str] | None = None,
         sharding_key: str | None = None,
+        message_group: str | None = None,
     ) -> SendResult:
         return self.send_async(
-            topic, body, tag=tag, keys=keys, properties=properties, sharding_key=sharding_key
+            topic,
+            body,
+            tag=tag,
+            keys=keys,
+            properties=properties,
+            sharding_key=sharding_key,
+            message_group=message_group,
         ).result()
 
     def send_async(
@@ -342,9 +358,11 @@ class Producer:
         keys: Sequence[str] | str = (),
         properties: Mapping[str, str] | None = None,
         sharding_key: str | None = None,
+        message_group: str | None = None,
     ) -> SendFuture:
         future = SendFuture(self._hub)
-        pending = self._core.pending(topic, body, tag, keys, properties, future, sharding_key)
+        group = _message_group(message_group, sharding_key)
+        pending = self._core.pending(topic, body, tag, keys, properties, future, group)
         limit = self.config.buffer_max_messages
         hub = self._hub
         with self._submit_lock:

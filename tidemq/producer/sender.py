@@ -24,7 +24,7 @@ from tidemq.producer.pending import Pending
 from tidemq.producer.routing import QueueSelector
 from tidemq.protos import broker_pb2, broker_pb2_grpc
 from tidemq.routes import MessageQueue
-from tidemq.types import SendResult, send_status
+from tidemq.types import MESSAGE_GROUP_PROPERTY, SendResult, send_status
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,8 @@ def _add_to_request(request: Any, p: Pending) -> None:
         m.keys.extend(p.keys)
     if p.properties:
         m.properties.update(p.properties)
+    if p.sharding_key is not None:
+        m.properties[MESSAGE_GROUP_PROPERTY] = p.sharding_key
 
 
 class Sender:

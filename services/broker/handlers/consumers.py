@@ -11,7 +11,7 @@ import grpc
 from tidemq.protos import broker_pb2
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.convert import parse_tag_expression
-from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.groups import OFFSETS, SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
@@ -49,11 +49,18 @@ class ConsumerHandlers:
             subs = {s.topic: s.tag_expression or "*" for s in c.subscriptions}
             for expr in subs.values():
                 parse_tag_expression(expr)
+            self.groups.check_model(c.group, c.model)
             memberships.append((c, subs))
         for c, subs in memberships:
             self.clients.heartbeat(request.client_id, c.group, c.mode, subs, now)
-            if self.role.is_master and self.groups.observe(c.group, c.mode, subs, now):
-                log.info("subscription group %s: mode %d, topics %s", c.group, c.mode, list(subs))
+            if self.role.is_master and self.groups.observe(c.group, c.mode, subs, now, c.model):
+                log.info(
+                    "subscription group %s: mode %d, model %d, topics %s",
+                    c.group,
+                    c.mode,
+                    c.model,
+                    list(subs),
+                )
         return broker_pb2.HeartbeatResponse()
 
     @typed_errors
@@ -77,6 +84,9 @@ class ConsumerHandlers:
             raise invalid(f"offset {request.offset} is negative")
         cfg = self.checks.topic(request.topic, for_write=False)
         self.checks.check_queue(cfg, request.queue_id, for_write=False)
+        if not request.reset:
+            # A receive group's offsets follow its acks; an operator's reset works for both.
+            self.groups.check_model(request.group, OFFSETS)
         offset = self.offsets.commit(
             request.group,
             request.topic,

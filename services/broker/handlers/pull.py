@@ -14,6 +14,7 @@ import grpc
 from tidemq.protos import broker_pb2
 from tidemq.services.broker.admission_grpc import stepped_aside
 from tidemq.services.broker.convert import parse_tag_expression
+from tidemq.services.broker.groups import OFFSETS, SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
@@ -33,8 +34,10 @@ class PullHandler:
         waiters: PullWaiters,
         confirm_cap: Callable[[], int | None] | None,
         metrics: BrokerMetrics | None,
+        groups: SubscriptionGroupManager | None = None,
     ) -> None:
         self.checks = checks
+        self.groups = groups
         self.config = checks.config
         self.store = store
         self.waiters = waiters
@@ -64,6 +67,8 @@ class PullHandler:
         cfg = checks.topic(request.topic, for_write=False)
         checks.check_queue(cfg, request.queue_id, for_write=False)
         tags = parse_tag_expression(request.tag_expression)
+        if self.groups is not None and request.group:
+            self.groups.check_model(request.group, OFFSETS)
         # Whatever the client asks, an answer stays within the broker's cap (a single larger
         # record still comes alone).
         cap_bytes = self.config.max_pull_response_bytes

@@ -1,29 +1,29 @@
 """SendMessage: validate a batch, store it, wait for what its durability needs, answer.
 
-The waiting is here (the disk flush future and, for a SYNC_MASTER, the replication wait, side
-by side); what the waits add up to is ``durability``'s decision.
+The waits (the disk flush and, for a SYNC_MASTER, the slaves) are ``put_waits``'; what they add
+up to is ``durability``'s decision.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.admission_grpc import work_done
-from tidemq.services.broker.config import BrokerRole
 from tidemq.services.broker.convert import SEND_STATUS, to_store_message
-from tidemq.services.broker.durability import send_status, waits_for_slaves
+from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.receive.dead_letter import client_may_send
 from tidemq.services.broker.topics import TopicConfig
-from tidemq.services.errors import invalid
-from tidemq.storage import MessageStore, PutResult, PutStatus
+from tidemq.services.errors import invalid, system_topic
+from tidemq.storage import MessageStore, PutStatus
 from tidemq.storage.config import parse_host
 
 
@@ -97,6 +97,8 @@ class SendHandler:
         return response
 
     async def _writable_topic(self, name: str) -> TopicConfig:
+        if not client_may_send(name):
+            raise system_topic(name)
         if self.topics.get(name) is None and self.config.auto_create_topics:
             n = self.config.default_queue_nums
             try:
@@ -107,39 +109,6 @@ class SendHandler:
             # find the topic at the nameserver.
             await self.publish_topics()
         return self.checks.topic(name, for_write=True)
-
-
-class SyncReplication(Protocol):
-    """The master side of replication, as a send waits on it."""
-
-    def replicate(self, end_offset: int) -> Awaitable[PutStatus]: ...
-
-
-async def wait_durable(
-    put: PutResult, replication: SyncReplication | None, role: BrokerRole
-) -> tuple[PutStatus, PutStatus | None]:
-    """The put's flush status and, when the send waits for the slaves (``waits_for_slaves``),
-    its replication status; else None."""
-    durable = put.durable
-    if not waits_for_slaves(role, replicating=replication is not None):
-        return (durable.result() if durable.done() else await asyncio.wrap_future(durable)), None
-    assert replication is not None  # waits_for_slaves: only a broker that replicates waits
-    last = put.results[-1]
-    # Flush and replication run side by side.
-    replicated = replication.replicate(last.phy_offset + last.size)
-    if durable.done():
-        return durable.result(), await replicated
-    flushed, status = await asyncio.gather(asyncio.wrap_future(durable), replicated)
-    return flushed, status
-
-
-async def wait_dispatched(put: PutResult) -> None:
-    """Until the put's records are dispatched; raises the store's reason when they cannot be."""
-    fut = put.dispatched
-    if fut.done():
-        fut.result()
-    else:
-        await asyncio.wrap_future(fut)
 
 
 def _peer_host(peer: str) -> tuple[bytes, int]:

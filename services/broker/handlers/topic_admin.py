@@ -1,5 +1,6 @@
 """Topic administration: create (or update), delete and list this broker's topics; a change is
-published to the registry before it is answered."""
+published to the registry before it is answered. The broker's own log topics (%SYS%) are not
+listed, created or deleted here."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2, common_pb2
-from tidemq.services.broker.convert import topic_proto
+from tidemq.services.broker.convert import topic_proto, topic_protos
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.receive.dead_letter import is_system_topic
 from tidemq.services.broker.topics import PERM_RW, TopicConfig
-from tidemq.services.errors import invalid, not_found
+from tidemq.services.errors import invalid, not_found, system_topic
 
 
 class TopicAdminHandlers:
@@ -33,6 +35,8 @@ class TopicAdminHandlers:
     async def CreateTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.checks.ensure_master("create topics")
         t = request.topic
+        if is_system_topic(t.topic):
+            raise system_topic(t.topic, "create")
         cfg = TopicConfig(
             topic=t.topic,
             read_queue_nums=t.read_queue_nums or self.config.default_queue_nums,
@@ -51,6 +55,8 @@ class TopicAdminHandlers:
     @typed_errors
     async def DeleteTopic(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         self.checks.ensure_master("delete topics")
+        if is_system_topic(request.topic):
+            raise system_topic(request.topic, "delete")
         if not self.topics.delete(request.topic):
             raise not_found(f"topic {request.topic!r} does not exist", common_pb2.TOPIC_NOT_FOUND)
         await self.publish_topics()
@@ -58,4 +64,4 @@ class TopicAdminHandlers:
 
     @typed_errors
     async def ListTopics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return broker_pb2.ListTopicsResponse(topics=[topic_proto(t) for t in self.topics.all()])
+        return broker_pb2.ListTopicsResponse(topics=topic_protos(self.topics))

@@ -1,0 +1,474 @@
+"""The receive/ack SDK's decisions that need no broker: settings, the wire requests it builds,
+typed errors, per-handle results, ack batching, invisibility renewal, listener answers, the
+message group property and the consumer-group admin values."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import grpc
+import pytest
+
+import tidemq
+from tidemq import errors
+from tidemq.admin import AsyncAdmin, ConsumerGroup, RetryPolicy
+from tidemq.admin.consumer_groups import DEFAULT_DELAYS_MS
+from tidemq.consumer import push, simple
+from tidemq.consumer.acks import AckBatcher, PendingAcks
+from tidemq.consumer.push import consume_outcome
+from tidemq.consumer.receive_calls import ReceiveCalls
+from tidemq.consumer.receive_config import (
+    PushConsumerConfig,
+    SimpleConsumerConfig,
+    invisible_ms,
+    subscriptions_of,
+)
+from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
+from tidemq.consumer.settling import per_handle, settle_many
+from tidemq.errors import from_detail, from_rpc_error
+from tidemq.producer.pending import Pending
+from tidemq.producer.sender import _add_to_request
+from tidemq.protos import broker_pb2, common_pb2
+from tidemq.protos.errors import error_metadata
+from tidemq.types import ConsumeResult, Message, ReceivedMessage
+
+pytestmark = pytest.mark.unit
+
+Results = list[errors.TidemqError | None]
+
+
+# ---------------------------------------------------------------- settings
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"max_concurrency": 0}, "max_concurrency must be > 0"),
+        ({"receive_batch_size": -1}, "receive_batch_size must be > 0"),
+        ({"invisible_duration_s": 0}, "invisible duration must be > 0"),
+        ({"invisible_duration_s": -5.0}, "invisible duration must be > 0"),
+        ({"invisible_duration_s": math.nan}, "invisible duration must be > 0"),
+        ({"invisible_duration_s": math.inf}, "invisible duration must be > 0"),
+        ({"ack_batch_max_messages": 0}, "ack_batch_max_messages must be > 0"),
+        ({"ack_linger_ms": -1}, "ack_linger_ms must be >= 0"),
+        ({"consume_timeout_ms": 0}, "consume_timeout_ms must be > 0"),
+        ({"long_poll_ms": -1}, "long_poll_ms must be >= 0"),
+        ({"start_from": "middle"}, "start_from must be"),
+        ({"request_timeout_ms": 0}, "request_timeout_ms must be > 0"),
+    ],
+)
+def test_push_consumer_settings_are_refused_once_with_the_reason(
+    settings: dict[str, object], problem: str
+) -> None:
+    with pytest.raises(ValueError, match="invalid push consumer settings") as e:
+        PushConsumerConfig(**settings)  # type: ignore[arg-type]
+    assert problem in str(e.value)
+
+
+def test_simple_consumer_settings_name_every_problem_at_once() -> None:
+    with pytest.raises(ValueError, match="invalid simple consumer settings") as e:
+        SimpleConsumerConfig(long_poll_ms=-1, heartbeat_interval_ms=0, start_from=True)
+    text = str(e.value)
+    assert "long_poll_ms must be >= 0" in text
+    assert "heartbeat_interval_ms must be > 0" in text
+    assert "start_from must be" in text
+
+
+def test_default_settings_are_valid_and_start_from_accepts_a_timestamp() -> None:
+    assert PushConsumerConfig().max_concurrency == 16
+    assert SimpleConsumerConfig(start_from=1_700_000_000_000).start_from == 1_700_000_000_000
+
+
+@pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf, True, "30"])
+def test_bad_invisible_durations_are_typed_invalid_argument_errors(seconds: object) -> None:
+    with pytest.raises(errors.InvalidArgumentError) as e:
+        invisible_ms(seconds)  # type: ignore[arg-type]
+    assert e.value.code == "INVALID_ARGUMENT" and not e.value.retriable
+
+
+def test_invisible_duration_in_seconds_becomes_ms() -> None:
+    assert invisible_ms(30) == 30_000
+    assert invisible_ms(1.5) == 1_500
+    assert invisible_ms(0.0001) == 1  # never 0: the broker refuses it anyway, with its limit
+
+
+def test_subscriptions_take_a_topic_or_a_mapping_of_tag_expressions() -> None:
+    assert subscriptions_of("orders") == {"orders": "*"}
+    assert subscriptions_of({"b": "x || y", "a": " "}) == {"a": "*", "b": "x || y"}
+    for bad in ("", {}, {"": "*"}):
+        with pytest.raises(ValueError, match="subscription"):
+            subscriptions_of(bad)
+
+
+# ---------------------------------------------------------------- requests on the wire
+def _calls(subscriptions: dict[str, str]) -> ReceiveCalls:
+    return ReceiveCalls(
+        "127.0.0.1:1",
+        group="billing",
+        subscriptions=subscriptions,
+        client_id="me",
+        start_from="first",
+        request_timeout_ms=1_000,
+        route_refresh_ms=1_000,
+    )
+
+
+def test_heartbeat_announces_the_receive_model_and_every_subscription() -> None:
+    request = _calls({"orders": "created", "payments": "*"}).heartbeat_request()
+    [member] = request.consumers
+    assert request.client_id == "me"
+    assert member.group == "billing" and member.model == broker_pb2.RECEIVE
+    assert [(s.topic, s.tag_expression) for s in member.subscriptions] == [
+        ("orders", "created"),
+        ("payments", "*"),
+    ]
+
+
+def test_receive_asks_any_queue_of_the_topic_with_the_invisible_duration() -> None:
+    r = _calls({"orders": "created || paid"}).receive_request("orders", 16, 30_000, 5_000)
+    assert (r.group, r.topic, r.queue_id) == ("billing", "orders", -1)
+    assert (r.max_messages, r.invisible_duration_ms, r.long_poll_timeout_ms) == (16, 30_000, 5_000)
+    assert (r.tag_expression, r.client_id, r.start_from) == ("created || paid", "me", "first")
+
+
+def test_a_consumer_group_is_required() -> None:
+    with pytest.raises(ValueError, match="group is required"):
+        ReceiveCalls(
+            None,
+            group="",
+            subscriptions={"t": "*"},
+            client_id="x",
+            start_from="last",
+            request_timeout_ms=1,
+            route_refresh_ms=1,
+        )
+
+
+# ---------------------------------------------------------------- errors
+class _FakeRpcError(grpc.RpcError):  # type: ignore[misc]
+    """A failed call as grpc hands it to the SDK (status, details, trailing metadata)."""
+
+    def __init__(self, detail: common_pb2.ErrorDetail) -> None:
+        self._detail = detail
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.FAILED_PRECONDITION
+
+    def details(self) -> str:
+        return "refused"
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes]]:
+        return error_metadata(self._detail)
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (common_pb2.INVALID_RECEIPT_HANDLE, errors.InvalidReceiptHandle),
+        (common_pb2.RECEIPT_HANDLE_EXPIRED, errors.ReceiptHandleExpired),
+        (common_pb2.MESSAGE_ALREADY_ACKED, errors.MessageAlreadyAcked),
+        (common_pb2.CONSUME_MODEL_MISMATCH, errors.ConsumeModelMismatch),
+        (common_pb2.CONSUME_DISABLED, errors.ConsumeDisabled),
+    ],
+)
+def test_receive_error_codes_map_to_their_typed_errors(
+    code: int, cls: type[errors.TidemqError]
+) -> None:
+    detail = common_pb2.ErrorDetail(code=code, message="why", retriable=False)
+    e = from_rpc_error(_FakeRpcError(detail), "broker b")
+    assert type(e) is cls
+    assert e.code == common_pb2.ErrorCode.Name(code)
+    assert not e.retriable
+    assert "why (broker b)" in str(e)
+    assert type(from_detail(detail)) is cls  # a handle's result in a batch answer, the same
+
+
+def test_an_invalid_receipt_handle_is_an_invalid_argument() -> None:
+    assert issubclass(errors.InvalidReceiptHandle, errors.InvalidArgumentError)
+
+
+def test_an_error_code_this_sdk_does_not_know_keeps_its_number() -> None:
+    e = from_detail(common_pb2.ErrorDetail(code=77, message="new", retriable=True))
+    assert type(e) is errors.TidemqError and e.code == "77" and e.retriable
+
+
+def test_per_handle_results_follow_the_handles_and_never_drop_one() -> None:
+    results = [
+        broker_pb2.HandleResult(
+            receipt_handle="b",
+            error=common_pb2.ErrorDetail(code=common_pb2.RECEIPT_HANDLE_EXPIRED, message="late"),
+        ),
+        broker_pb2.HandleResult(receipt_handle="a"),
+    ]
+    a, b, c = per_handle(results, ["a", "b", "c"], "broker group g")
+    assert a is None
+    assert isinstance(b, errors.ReceiptHandleExpired)
+    assert isinstance(c, errors.TidemqError) and "no result" in str(c)
+
+
+def _received(topic: str, broker: str, handle: str) -> ReceivedMessage:
+    return ReceivedMessage(
+        topic, 0, 0, b"", None, (), {}, "id", 0, 0, broker, receipt_handle=handle
+    )
+
+
+def test_settling_many_makes_one_call_per_topic_and_broker_group_in_order() -> None:
+    calls: list[tuple[str, str, list[str]]] = []
+
+    async def settle(
+        topic: str, broker: str, handles: list[str]
+    ) -> list[errors.TidemqError | None]:
+        calls.append((topic, broker, handles))
+        return [errors.ReceiptHandleExpired(h) if h == "h2" else None for h in handles]
+
+    messages = [
+        _received("t", "a", "h1"),
+        _received("t", "b", "h2"),
+        _received("t", "a", "h3"),
+        _received("u", "a", "h4"),
+    ]
+    out = asyncio.run(settle_many(settle, messages))
+    assert sorted(calls) == [("t", "a", ["h1", "h3"]), ("t", "b", ["h2"]), ("u", "a", ["h4"])]
+    assert [type(e).__name__ if e else None for e in out] == [
+        None,
+        "ReceiptHandleExpired",
+        None,
+        None,
+    ]
+
+
+def test_settling_more_than_the_brokers_limit_splits_the_calls() -> None:
+    sizes: list[int] = []
+
+    async def settle(topic: str, broker: str, handles: list[str]) -> Results:
+        sizes.append(len(handles))
+        return [None] * len(handles)
+
+    messages = [_received("t", "a", f"h{i}") for i in range(2_500)]
+    assert asyncio.run(settle_many(settle, messages)) == [None] * 2_500
+    assert sorted(sizes) == [452, 1024, 1024]
+
+
+def test_a_settle_call_that_fails_as_a_whole_fails_only_its_own_messages() -> None:
+    async def settle(topic: str, broker: str, handles: list[str]) -> Results:
+        if broker == "down":
+            raise errors.BrokerUnavailableError("no master", code="NOT_MASTER")
+        return [None] * len(handles)
+
+    messages = [_received("t", "down", "h1"), _received("t", "up", "h2")]
+    first, second = asyncio.run(settle_many(settle, messages))
+    assert isinstance(first, errors.BrokerUnavailableError) and second is None
+
+
+def test_settling_a_message_without_a_handle_is_refused_before_any_call() -> None:
+    async def settle(
+        topic: str, broker: str, handles: list[str]
+    ) -> list[errors.TidemqError | None]:
+        raise AssertionError("no call expected")
+
+    with pytest.raises(errors.InvalidArgumentError, match="receipt handle"):
+        asyncio.run(settle_many(settle, [_received("t", "a", "")]))
+
+
+# ---------------------------------------------------------------- messages
+def test_a_received_message_carries_its_delivery() -> None:
+    r = broker_pb2.ReceivedMessage(
+        message=common_pb2.StoredMessage(topic="t", queue_id=2, queue_offset=7, body=b"x"),
+        receipt_handle="H",
+        delivery_attempt=3,
+        invisible_until_ms=99,
+        message_group="g1",
+    )
+    m = ReceivedMessage.from_received(r, "broker-a")
+    assert (m.topic, m.queue_id, m.queue_offset, m.body, m.broker) == ("t", 2, 7, b"x", "broker-a")
+    assert (m.receipt_handle, m.delivery_attempt, m.invisible_until_ms) == ("H", 3, 99)
+    assert m.message_group == "g1"
+    r.message_group = ""
+    assert ReceivedMessage.from_received(r, "b").message_group is None
+    assert m.as_dict()["delivery_attempt"] == 3
+
+
+def test_a_new_handle_replaces_the_old_in_place_and_the_message_stays_equal() -> None:
+    m = _received("t", "a", "old")
+    twin = _received("t", "a", "old")
+    m.renew("new", 1234)
+    assert (m.receipt_handle, m.invisible_until_ms) == ("new", 1234)
+    assert m == twin
+
+
+def test_message_group_and_sharding_key_are_one_setting() -> None:
+    assert Message("t", b"", message_group="g").sharding_key == "g"
+    assert Message("t", b"", sharding_key="k").message_group == "k"
+    assert Message("t", b"", message_group="g", sharding_key="g").message_group == "g"
+    with pytest.raises(ValueError, match="differ"):
+        Message("t", b"", message_group="g", sharding_key="k")
+
+
+def test_a_message_group_travels_as_the_sharding_key_property() -> None:
+    request = broker_pb2.SendMessageRequest()
+    loop = asyncio.new_event_loop()
+    try:
+        p = Pending("t", b"x", "", (), {"a": "1"}, loop.create_future(), 0.0, "customer-42")
+        plain = Pending("t", b"y", "", (), None, loop.create_future(), 0.0, None)
+    finally:
+        loop.close()
+    _add_to_request(request, p)
+    _add_to_request(request, plain)
+    with_group, without = request.messages
+    assert dict(with_group.properties) == {"a": "1", "__SHARDINGKEY": "customer-42"}
+    assert dict(without.properties) == {}
+
+
+# ---------------------------------------------------------------- push consumer pieces
+def test_only_success_acks_anything_else_is_a_failure() -> None:
+    assert consume_outcome(ConsumeResult.SUCCESS) is ConsumeResult.SUCCESS
+    for answer in (ConsumeResult.FAILURE, None, True, "SUCCESS", 0):
+        assert consume_outcome(answer) is ConsumeResult.FAILURE
+
+
+def test_pending_acks_batch_per_topic_and_broker_group_up_to_the_limit() -> None:
+    acks = PendingAcks(max_messages=2)
+    a1, a2, b1 = _received("t", "a", "1"), _received("t", "a", "2"), _received("t", "b", "3")
+    assert acks.add(a1) is None
+    assert acks.add(b1) is None
+    assert acks.add(a2) == [a1, a2]  # full: sent now
+    assert len(acks) == 1
+    assert acks.take_all() == [[b1]]
+    assert acks.take_all() == [] and len(acks) == 0
+
+
+def test_ack_batcher_sends_a_full_batch_at_once_and_the_rest_after_the_linger() -> None:
+    sent: list[list[str]] = []
+    outcomes: list[tuple[str, errors.TidemqError | None]] = []
+    second = asyncio.Event()
+
+    async def ack(topic: str, broker: str, handles: list[str]) -> Results:
+        sent.append(handles)
+        if len(sent) == 2:
+            second.set()
+        return [None] * len(handles)
+
+    async def run() -> None:
+        batcher = AckBatcher(ack, 2, 50, lambda m, e: outcomes.append((m.receipt_handle, e)))
+        batcher.add(_received("t", "a", "1"))
+        batcher.add(_received("t", "a", "2"))
+        await asyncio.sleep(0)  # the full batch's send starts at once
+        await asyncio.sleep(0)
+        assert sent == [["1", "2"]]
+        batcher.add(_received("t", "a", "3"))
+        await asyncio.sleep(0.01)
+        assert sent == [["1", "2"]]  # lingering
+        await asyncio.wait_for(second.wait(), 2)
+        assert sent == [["1", "2"], ["3"]]
+        await batcher.close()
+
+    asyncio.run(run())
+    assert outcomes == [("1", None), ("2", None), ("3", None)]
+
+
+def test_ack_batcher_close_sends_what_waits_and_reports_a_failed_call_per_message() -> None:
+    outcomes: list[tuple[str, errors.TidemqError | None]] = []
+
+    async def ack(topic: str, broker: str, handles: list[str]) -> Results:
+        raise errors.BrokerUnavailableError("no master", code="NOT_MASTER")
+
+    async def run() -> None:
+        batcher = AckBatcher(ack, 100, 60_000, lambda m, e: outcomes.append((m.receipt_handle, e)))
+        batcher.add(_received("t", "a", "1"))
+        batcher.add(_received("t", "b", "2"))
+        await batcher.close()  # long before the linger
+
+    asyncio.run(run())
+    assert sorted(h for h, _ in outcomes) == ["1", "2"]
+    assert all(isinstance(e, errors.BrokerUnavailableError) for _, e in outcomes)
+
+
+def test_a_running_message_is_renewed_in_the_last_third_of_its_invisibility() -> None:
+    hold = Hold(started_ms=0, deadline_ms=30_000)
+    assert decide(hold, 19_999, 30_000, 900_000) is Renewal.WAIT
+    assert decide(hold, 20_000, 30_000, 900_000) is Renewal.RENEW
+    hold.renewing = True
+    assert decide(hold, 25_000, 30_000, 900_000) is Renewal.WAIT  # one renewal at a time
+    hold.renewing, hold.deadline_ms = False, 55_000
+    assert decide(hold, 25_000, 30_000, 900_000) is Renewal.WAIT
+
+
+def test_renewal_stops_after_the_consume_timeout_and_for_a_released_hold() -> None:
+    hold = Hold(started_ms=1_000, deadline_ms=2_000)
+    assert decide(hold, 61_000, 30_000, 60_000) is Renewal.GIVE_UP
+    hold.released = True
+    assert decide(hold, 1_900, 30_000, 60_000) is Renewal.WAIT
+
+
+def test_holds_are_checked_often_enough_for_short_and_long_durations() -> None:
+    assert check_interval_ms(1_000) == 166  # a 1 s hold is seen 6 times
+    assert check_interval_ms(30_000) == 1_000
+    assert check_interval_ms(10) == 50
+
+
+# ---------------------------------------------------------------- names and admin values
+def test_the_receive_sdk_is_importable_from_tidemq() -> None:
+    assert tidemq.SimpleConsumer is simple.SimpleConsumer
+    assert tidemq.AsyncSimpleConsumer is simple.AsyncSimpleConsumer
+    assert tidemq.PushConsumer is push.PushConsumer
+    assert tidemq.AsyncPushConsumer is push.AsyncPushConsumer
+    assert tidemq.ConsumeResult.SUCCESS is ConsumeResult.SUCCESS
+    assert tidemq.PushConsumerConfig is PushConsumerConfig
+
+
+def test_retry_policy_unset_on_the_wire_means_rocketmq_delays() -> None:
+    assert RetryPolicy.from_proto(broker_pb2.RetryPolicy()).delays_ms == DEFAULT_DELAYS_MS
+    assert len(DEFAULT_DELAYS_MS) == 18 and DEFAULT_DELAYS_MS[-1] == 7_200_000
+    custom = RetryPolicy((100, 200))
+    assert RetryPolicy.from_proto(custom.to_proto()) == custom
+    exp = RetryPolicy.exponential(500, 60_000, 3.0)
+    assert RetryPolicy.from_proto(exp.to_proto()) == exp
+    with pytest.raises(ValueError, match="retry"):
+        RetryPolicy((0,))
+    with pytest.raises(ValueError, match="retry"):
+        RetryPolicy.exponential(10, 5)
+
+
+def test_consumer_group_reads_model_and_settings_from_the_wire() -> None:
+    g = broker_pb2.SubscriptionGroup(
+        group="billing",
+        mode=broker_pb2.CLUSTERING,
+        topics=["orders"],
+        model=broker_pb2.RECEIVE,
+        settings=broker_pb2.ConsumerGroupSettings(
+            max_delivery_attempts=5,
+            retry_policy=broker_pb2.RetryPolicy(delays_ms=[1_000, 2_000]),
+            fifo=True,
+            consume_enabled=True,
+        ),
+    )
+    cg = ConsumerGroup.from_proto(g, ["b", "a"])
+    assert (cg.group, cg.model, cg.mode, cg.topics) == (
+        "billing",
+        "receive",
+        "clustering",
+        ("orders",),
+    )
+    assert (cg.max_delivery_attempts, cg.fifo, cg.consume_enabled) == (5, True, True)
+    assert cg.retry_policy.delays_ms == (1_000, 2_000)
+    assert cg.brokers == ("a", "b")
+    assert ConsumerGroup.from_proto(broker_pb2.SubscriptionGroup(group="new")).model == ""
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"retry_delays_s": [1], "retry_policy": RetryPolicy()}, "not both"),
+        ({"retry_delays_s": [0]}, "retry delays must be > 0"),
+        ({"model": "pop"}, "model must be one of"),
+    ],
+)
+def test_bad_group_updates_are_refused_before_any_broker_is_asked(
+    settings: dict[str, object], message: str
+) -> None:
+    async def run() -> None:
+        # No nameserver listens on this address: a call would fail with UNAVAILABLE instead.
+        async with AsyncAdmin("127.0.0.1:1") as admin:
+            await admin.update_consumer_group("billing", **settings)  # type: ignore[arg-type]
+
+    with pytest.raises(errors.InvalidArgumentError, match=message):
+        asyncio.run(run())

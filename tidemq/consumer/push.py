@@ -1,0 +1,390 @@
+"""``PushConsumer`` and ``AsyncPushConsumer`` (RocketMQ 5's PushConsumer): the consumer
+receives and calls a listener for each message; the listener answers ``ConsumeResult.SUCCESS``
+(the message is acked) or ``FAILURE`` (it is retried after the group's backoff). An exception,
+or any other answer, counts as FAILURE.
+
+At most ``max_concurrency`` listeners run at once, and the consumer receives only as many
+messages as it can start, so none waits in a buffer while its invisibility runs. A listener
+that runs long has its message's invisibility renewed (``renewal``). Acks are batched
+(``acks``). ``close`` stops receiving, lets the running listeners finish (up to
+``shutdown_timeout_ms``), and sends the acks still waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tidemq._runtime import LoopThread, monotonic_ms
+from tidemq.consumer.acks import AckBatcher
+from tidemq.consumer.config import default_client_id
+from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_membership
+from tidemq.consumer.receive_config import (
+    PushConsumerConfig,
+    invisible_ms,
+    start_from_text,
+    subscriptions_of,
+)
+from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
+from tidemq.errors import ClientClosedError, TidemqError
+from tidemq.types import ConsumeResult, ReceivedMessage
+
+log = logging.getLogger(__name__)
+
+AsyncListener = Callable[[ReceivedMessage], Awaitable[Any]]
+Listener = Callable[[ReceivedMessage], Any]
+
+
+def consume_outcome(result: object) -> ConsumeResult:
+    """What a listener's answer means: SUCCESS only when it said so."""
+    if result is ConsumeResult.SUCCESS:
+        return ConsumeResult.SUCCESS
+    if result is not ConsumeResult.FAILURE:
+        log.warning("listener answered %r, not a ConsumeResult: counted as FAILURE", result)
+    return ConsumeResult.FAILURE
+
+
+@dataclass
+class PushStats:
+    """Counters since the consumer started."""
+
+    received: int = 0
+    succeeded: int = 0  # listener answered SUCCESS
+    failed: int = 0  # FAILURE, an exception, or another answer
+    acked: int = 0
+    ack_errors: int = 0  # the ack did not take (the message comes back)
+    nacked: int = 0
+    renewed: int = 0
+
+
+class AsyncPushConsumer:
+    """Use as ``async with AsyncPushConsumer(group, "orders", listener) as c``, where
+    ``listener`` is an ``async def`` taking a ``ReceivedMessage``."""
+
+    def __init__(
+        self,
+        group: str,
+        subscriptions: Mapping[str, str] | str,
+        listener: AsyncListener,
+        *,
+        nameserver: str | Sequence[str] | None = None,
+        config: PushConsumerConfig | None = None,
+    ) -> None:
+        if not callable(listener):
+            raise TypeError("listener must be callable")
+        self.config = config or PushConsumerConfig()
+        self.group = group
+        self.subscriptions = subscriptions_of(subscriptions)
+        self.client_id = self.config.client_id or default_client_id()
+        self._listener = listener
+        self._calls = ReceiveCalls(
+            nameserver,
+            group=group,
+            subscriptions=self.subscriptions,
+            client_id=self.client_id,
+            start_from=start_from_text(self.config.start_from),
+            request_timeout_ms=self.config.request_timeout_ms,
+            route_refresh_ms=self.config.route_refresh_ms,
+        )
+        self._invisible_ms = invisible_ms(self.config.invisible_duration_s)
+        self.stats = PushStats()
+        self.last_error: TidemqError | None = None
+        self._holds: dict[int, tuple[ReceivedMessage, Hold]] = {}
+        self._consuming: set[asyncio.Task[None]] = set()
+        self._renewals: dict[int, asyncio.Task[None]] = {}
+        self._slot_free: asyncio.Event | None = None
+        self._acks: AckBatcher | None = None
+        self._receiving: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closed = False
+
+    async def start(self) -> AsyncPushConsumer:
+        if self._closed:
+            raise ClientClosedError("consumer closed", code="CLOSED")
+        if self._started:
+            return self
+        await start_membership(self._calls)
+        cfg = self.config
+        self._slot_free = asyncio.Event()
+        self._acks = AckBatcher(
+            self._calls.ack, cfg.ack_batch_max_messages, cfg.ack_linger_ms, self._acked
+        )
+        self._background.append(
+            asyncio.ensure_future(heartbeat_loop(self._calls, cfg.heartbeat_interval_ms))
+        )
+        if cfg.auto_renew:
+            self._background.append(asyncio.ensure_future(self._renew_loop()))
+        self._receiving = asyncio.ensure_future(self._receive_loop())
+        self._started = True
+        return self
+
+    async def __aenter__(self) -> AsyncPushConsumer:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def running(self) -> int:
+        """Listeners running now."""
+        return len(self._holds)
+
+    # ------------------------------------------------------------------ receiving
+    async def _receive_loop(self) -> None:
+        cfg = self.config
+        assert self._slot_free is not None
+        failures = 0
+        while True:
+            self._slot_free.clear()
+            free = cfg.max_concurrency - len(self._holds)
+            if free <= 0:
+                await self._slot_free.wait()
+                continue
+            sent_ms = monotonic_ms()
+            try:
+                messages = await self._calls.receive(
+                    min(free, cfg.receive_batch_size), self._invisible_ms, cfg.long_poll_ms
+                )
+            except TidemqError as e:
+                self.last_error = e
+                failures += 1
+                log.warning("receiving for %s failed: %s", self.group, e)
+                await asyncio.sleep(_retry_wait_s(failures))
+                continue
+            except Exception:
+                failures += 1
+                log.exception("receiving for %s failed unexpectedly", self.group)
+                await asyncio.sleep(_retry_wait_s(failures))
+                continue
+            failures = 0
+            self.stats.received += len(messages)
+            for m in messages:
+                self._start(m, sent_ms)
+
+    def _start(self, message: ReceivedMessage, sent_ms: int) -> None:
+        hold = Hold(started_ms=monotonic_ms(), deadline_ms=sent_ms + self._invisible_ms)
+        self._holds[id(message)] = (message, hold)
+        task = asyncio.ensure_future(self._consume(message, hold))
+        self._consuming.add(task)
+        task.add_done_callback(self._consuming.discard)
+
+    async def _consume(self, message: ReceivedMessage, hold: Hold) -> None:
+        try:
+            try:
+                result = await self._listener(message)
+            except Exception:
+                log.exception(
+                    "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt
+                )
+                result = ConsumeResult.FAILURE
+            outcome = consume_outcome(result)
+        finally:
+            hold.released = True
+            self._holds.pop(id(message), None)
+            assert self._slot_free is not None
+            self._slot_free.set()
+        await self._settled_renewal(hold)
+        if outcome is ConsumeResult.SUCCESS:
+            self.stats.succeeded += 1
+            assert self._acks is not None
+            self._acks.add(message)
+            return
+        self.stats.failed += 1
+        try:
+            [error] = await self._calls.nack(
+                message.topic, message.broker, [message.receipt_handle]
+            )
+        except TidemqError as e:
+            error = e
+        if error is None:
+            self.stats.nacked += 1
+        else:
+            # The message comes back anyway when its invisibility ends.
+            self.last_error = error
+            log.warning("nack of %s failed: %s", message.msg_id, error)
+
+    async def _settled_renewal(self, hold: Hold) -> None:
+        # A renewal in flight replaces the handle; the ack must carry the new one.
+        task = self._renewals.get(id(hold))
+        if task is not None:
+            await asyncio.wait([task])
+
+    def _acked(self, message: ReceivedMessage, error: TidemqError | None) -> None:
+        if error is None:
+            self.stats.acked += 1
+        else:
+            self.stats.ack_errors += 1
+            self.last_error = error
+            log.warning("ack of %s failed: %s", message.msg_id, error)
+
+    # ------------------------------------------------------------------ renewal
+    async def _renew_loop(self) -> None:
+        cfg = self.config
+        interval_s = check_interval_ms(self._invisible_ms) / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            now = monotonic_ms()
+            for message, hold in list(self._holds.values()):
+                decision = decide(hold, now, self._invisible_ms, cfg.consume_timeout_ms)
+                if decision is Renewal.RENEW:
+                    hold.renewing = True
+                    self._renewals[id(hold)] = asyncio.ensure_future(self._renew(message, hold))
+                elif decision is Renewal.GIVE_UP:
+                    hold.released = True
+                    log.warning(
+                        "listener has run on %s for over %d ms: its invisibility is no longer"
+                        " renewed and it will be delivered again",
+                        message.msg_id,
+                        cfg.consume_timeout_ms,
+                    )
+
+    async def _renew(self, message: ReceivedMessage, hold: Hold) -> None:
+        sent_ms = monotonic_ms()
+        try:
+            await self._calls.change_invisible_duration(message, self._invisible_ms)
+        except TidemqError as e:
+            self.last_error = e
+            log.warning("renewing the invisibility of %s failed: %s", message.msg_id, e)
+            if not e.retriable:
+                hold.released = True  # the hold is lost: the ack will fail, it comes back
+        else:
+            hold.deadline_ms = sent_ms + self._invisible_ms
+            self.stats.renewed += 1
+        finally:
+            hold.renewing = False
+            self._renewals.pop(id(hold), None)
+
+    # ------------------------------------------------------------------ closing
+    async def close(self) -> None:
+        """Stops receiving, waits for running listeners (up to ``shutdown_timeout_ms``), sends
+        the waiting acks, leaves the group."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._receiving is not None:
+            # A receive cut short here may have been granted messages: they come back to the
+            # group when their invisible duration ends.
+            await _cancel(self._receiving)
+        if self._consuming:
+            _, late = await asyncio.wait(
+                set(self._consuming), timeout=self.config.shutdown_timeout_ms / 1000
+            )
+            if late:
+                log.warning(
+                    "closing with %d listeners still running after %d ms; their messages will"
+                    " be delivered again",
+                    len(late),
+                    self.config.shutdown_timeout_ms,
+                )
+                for task in late:
+                    await _cancel(task)
+        if self._acks is not None:
+            await self._acks.close()
+        for task in [*self._background, *self._renewals.values()]:
+            await _cancel(task)
+        if self._started:
+            await self._calls.unregister_all()
+        await self._calls.close()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _retry_wait_s(failures: int) -> float:
+    """The waits of the SDK's retry policy (``_runtime.backoff``: 50 ms doubling to 1 s, plus
+    up to 50 ms of jitter) after the n-th failure in a row."""
+    return min(0.05 * 2.0 ** (failures - 1), 1.0) + random.uniform(0, 0.05)
+
+
+class PushConsumer:
+    """The blocking PushConsumer: ``listener`` is a plain function, run on a pool of
+    ``max_concurrency`` threads::
+
+        def handle(message: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
+            ...
+            return tidemq.ConsumeResult.SUCCESS
+
+        with tidemq.PushConsumer("billing", "orders", handle):
+            wait_for_shutdown()
+    """
+
+    def __init__(
+        self,
+        group: str,
+        subscriptions: Mapping[str, str] | str,
+        listener: Listener,
+        *,
+        nameserver: str | Sequence[str] | None = None,
+        config: PushConsumerConfig | None = None,
+    ) -> None:
+        if not callable(listener):
+            raise TypeError("listener must be callable")
+        config = config or PushConsumerConfig()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            config.max_concurrency, thread_name_prefix="tidemq-listener"
+        )
+        self._runner = LoopThread("tidemq-push-consumer")
+
+        async def run_listener(message: ReceivedMessage) -> Any:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._pool, listener, message)
+
+        try:
+            self._core = self._runner.run(
+                self._make(group, subscriptions, run_listener, nameserver, config)
+            )
+        except BaseException:
+            self._runner.stop()
+            self._pool.shutdown(wait=False)
+            raise
+        self.config = self._core.config
+        self.group = group
+        self.client_id = self._core.client_id
+
+    @staticmethod
+    async def _make(
+        group: str,
+        subscriptions: Mapping[str, str] | str,
+        listener: AsyncListener,
+        nameserver: str | Sequence[str] | None,
+        config: PushConsumerConfig,
+    ) -> AsyncPushConsumer:
+        core = AsyncPushConsumer(
+            group, subscriptions, listener, nameserver=nameserver, config=config
+        )
+        try:
+            return await core.start()
+        except BaseException:
+            await core.close()
+            raise
+
+    def __enter__(self) -> PushConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def stats(self) -> PushStats:
+        return self._core.stats
+
+    @property
+    def last_error(self) -> TidemqError | None:
+        return self._core.last_error
+
+    def close(self) -> None:
+        try:
+            self._runner.finish(self._core.close)
+        finally:
+            # Listeners still running after shutdown_timeout_ms are left to finish on their own.
+            self._pool.shutdown(wait=False, cancel_futures=True)
