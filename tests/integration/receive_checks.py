@@ -47,10 +47,11 @@ def overlaps(log: DeliveryLog) -> list[str]:
 
 
 def duplicates(log: DeliveryLog) -> list[str]:
-    """Deliveries of a message granted after an earlier delivery of it was acked."""
+    """Deliveries of a message granted after an earlier delivery of it was acked (by its own
+    ack: MESSAGE_ALREADY_ACKED proves only that someone acked it, maybe a later delivery)."""
     found = []
     for ds in by_message(log).values():
-        acked = next((i for i, d in enumerate(ds) if d.outcome in DONE), None)
+        acked = next((i for i, d in enumerate(ds) if d.outcome is Outcome.ACKED), None)
         if acked is not None:
             found += [f"{d} after {ds[acked]}" for d in ds[acked + 1 :]]
     return found
@@ -92,6 +93,15 @@ def fifo_violations(log: DeliveryLog) -> list[str]:
             elif first.granted_ms + SLACK_MS < last.ended_at_ms:
                 found.append(f"{first} before {last}")
     return found
+
+
+def next_delivery(log: DeliveryLog, d: Delivery) -> Delivery:
+    """The delivery of the same message that followed ``d`` (fails when there is none)."""
+    ds = by_message(log)[(*d.queue, d.body)]
+    at = next(i for i, x in enumerate(ds) if x is d)
+    later = ds[at + 1 :]
+    assert later, f"{d} was never delivered again"
+    return later[0]
 
 
 def assert_clean(found: list[str], what: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,7 +69,9 @@ class Outcome(enum.Enum):
     HELD = "held"  # nothing was done with it (a holder keeps it, or the test ended)
     DROPPED = "dropped"  # left to expire
     ACKED = "acked"
-    ACK_ALREADY = "ack-already"  # MESSAGE_ALREADY_ACKED: an earlier try of the same ack took
+    # MESSAGE_ALREADY_ACKED: done, but not by this ack (another member's, after this delivery
+    # expired; or an earlier try of this same ack)
+    ACK_ALREADY = "ack-already"
     ACK_REFUSED = "ack-refused"  # expired or superseded: the member no longer held it
     ACK_UNKNOWN = "ack-unknown"  # no answer (the broker died under it): either way
     NACKED = "nacked"
@@ -99,8 +102,11 @@ class Delivery:
 
     def held_until_ms(self) -> float:
         """The latest moment this delivery can still hold the message: its invisible time, or
-        the moment its ack or nack was sent, whichever is first."""
-        if self.ended_at_ms is not None and self.outcome in (*DONE, Outcome.NACKED):
+        the moment its ack or nack was sent, whichever is first. A refused nack counts as one
+        that may have worked: the SDK retries a nack whose answer was lost (a failover), and
+        the retry finds the handle replaced by the first try's release."""
+        ended = (Outcome.ACKED, Outcome.NACKED, Outcome.NACK_REFUSED, Outcome.NACK_UNKNOWN)
+        if self.ended_at_ms is not None and self.outcome in ended:
             return min(self.invisible_until_ms, self.ended_at_ms)
         return self.invisible_until_ms
 
@@ -295,6 +301,10 @@ class SendLog:
     failed: list[str] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def ok_since(self, at_ms: float) -> int:
+        with self._lock:
+            return sum(t > at_ms for t in self.ok.values())
+
     def sent_ok(self, body: str) -> None:
         with self._lock:
             self.ok[body] = wall_ms()
@@ -307,14 +317,15 @@ class SendLog:
 class Senders:
     """One thread per entry of ``groups``: each sends its message groups' numbered messages in
     turn (``"<group>:<n>"``, the message group as the message's sharding key), ``count`` per
-    message group, ``interval_s`` apart; errors (a broker down) are recorded, not raised."""
+    message group (None: until stopped), ``interval_s`` apart; errors (a broker down) are
+    recorded, not raised."""
 
     def __init__(
         self,
         nameserver: str,
         topic: str,
         groups: Sequence[Sequence[str]],
-        count: int,
+        count: int | None,
         log: SendLog,
         interval_s: float = 0.0,
     ) -> None:
@@ -343,7 +354,7 @@ class Senders:
 
     def _run(self, groups: tuple[str, ...]) -> None:
         with tidemq.Producer(self.nameserver, send_timeout_ms=5000) as producer:
-            for n in range(self.count):
+            for n in itertools.count() if self.count is None else range(self.count):
                 for g in groups:
                     if self.stop.is_set():
                         return

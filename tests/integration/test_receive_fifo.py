@@ -17,9 +17,9 @@ from tests.integration.receive_checks import (
     assert_clean,
     assert_every_sent_message_acked,
     attempt_problems,
-    by_message,
     duplicates,
     fifo_violations,
+    next_delivery,
     overlaps,
 )
 from tests.integration.receivers import (
@@ -110,9 +110,8 @@ def test_each_message_group_keeps_its_order_across_a_sigkill_restart(
     assert_clean(overlaps(log), "deliveries while another delivery held the message")
     assert_clean(duplicates(log), "acked messages delivered again")
     assert_clean(attempt_problems(log, exact=False), "messages with wrong attempt counts")
-    messages = by_message(log)
     for h in held:
-        again = messages[(*h.queue, h.body)][1]
+        again = next_delivery(log, h)
         assert again.attempt == h.attempt + 1, f"{again} after {h}"
         assert again.granted_ms + SLACK_MS >= h.invisible_until_ms, f"{again} before {h} ended"
 
