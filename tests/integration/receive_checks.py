@@ -35,26 +35,35 @@ def assert_every_sent_message_acked(sent: set[str], log: DeliveryLog) -> None:
     assert not missing, f"{len(missing)} SEND_OK messages never acked, e.g. {missing[:5]}"
 
 
-def overlaps(log: DeliveryLog) -> list[str]:
-    """Deliveries granted while an earlier delivery of the same message still held it: two
-    holders at once (the same member twice counts too)."""
+def overlap_pairs(log: DeliveryLog) -> list[tuple[Delivery, Delivery]]:
+    """(earlier, later) deliveries of one message where the later one was granted while the
+    earlier one still held it: two holders at once (the same member twice counts too)."""
     found = []
     for ds in by_message(log).values():
         for a, b in itertools.pairwise(ds):
             if b.granted_ms + SLACK_MS < a.held_until_ms():
-                found.append(f"{b} while {a}")
+                found.append((a, b))
     return found
 
 
-def duplicates(log: DeliveryLog) -> list[str]:
-    """Deliveries of a message granted after an earlier delivery of it was acked (by its own
-    ack: MESSAGE_ALREADY_ACKED proves only that someone acked it, maybe a later delivery)."""
+def overlaps(log: DeliveryLog) -> list[str]:
+    return [f"{b} while {a}" for a, b in overlap_pairs(log)]
+
+
+def duplicate_pairs(log: DeliveryLog) -> list[tuple[Delivery, Delivery]]:
+    """(acked, later) deliveries of one message: granted after an earlier delivery of it was
+    acked by its own ack (MESSAGE_ALREADY_ACKED proves only that someone acked it, maybe a later
+    delivery)."""
     found = []
     for ds in by_message(log).values():
         acked = next((i for i, d in enumerate(ds) if d.outcome is Outcome.ACKED), None)
         if acked is not None:
-            found += [f"{d} after {ds[acked]}" for d in ds[acked + 1 :]]
+            found += [(ds[acked], d) for d in ds[acked + 1 :]]
     return found
+
+
+def duplicates(log: DeliveryLog) -> list[str]:
+    return [f"{d} after {a}" for a, d in duplicate_pairs(log)]
 
 
 def attempt_problems(log: DeliveryLog, *, exact: bool) -> list[str]:

@@ -362,12 +362,16 @@ class Senders:
                     try:
                         r = producer.send(self.topic, body, sharding_key=g)
                     except tidemq.errors.TidemqError as e:
-                        self.log.failed.append(f"{body}: {e!r}")
-                        continue
-                    if r.ok:
-                        self.log.sent_ok(body)
+                        failure = f"{body}: {e!r}"
                     else:
-                        self.log.failed.append(f"{body}: {r.status.name}")
+                        if r.ok:
+                            self.log.sent_ok(body)
+                            continue
+                        failure = f"{body}: {r.status.name}"
+                    self.log.failed.append(failure)
+                    # An application backs off while its broker group cannot keep promises
+                    # (no in-sync slave yet after a failover).
+                    self.stop.wait(0.2)
                 if self.interval_s:
                     self.stop.wait(self.interval_s)  # the send rate, not a wait for anything
 
