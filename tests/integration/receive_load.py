@@ -15,18 +15,16 @@ import grpc
 
 from tests.integration.conftest import NameServerProcess
 from tests.integration.failover import SESSION_MS, Group
+from tests.integration.receive_cluster import Senders, SendLog, wall_ms
 from tests.integration.receivers import (
     Action,
     Delivery,
     DeliveryLog,
     Members,
-    Senders,
-    SendLog,
     members,
     record_delivery,
     simple_consumer,
     wait_all_done,
-    wall_ms,
 )
 from tests.waiting import wait_until
 from tidemq.protos import broker_pb2

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import NameServerProcess, StartBroker
-from tests.integration.receivers import (
+from tests.integration.receive_cluster import (
     SendLog,
     configure_group,
     create_topic,
     routed_broker,
     send_all,
-    simple_consumer,
     wall_ms,
 )
+from tests.integration.receivers import simple_consumer
 
 pytestmark = pytest.mark.integration
 

@@ -25,16 +25,12 @@ from tests.integration.receive_checks import (
     next_delivery,
     overlaps,
 )
+from tests.integration.receive_cluster import Senders, SendLog, create_topic, port_of, routed_broker
 from tests.integration.receivers import (
     Delivery,
     DeliveryLog,
-    Senders,
-    SendLog,
-    create_topic,
     members,
-    port_of,
     record_delivery,
-    routed_broker,
     simple_consumer,
     wait_all_done,
 )

@@ -27,8 +27,8 @@ from tests.integration.receive_checks import (
     next_delivery,
     overlaps,
 )
+from tests.integration.receive_cluster import configure_group
 from tests.integration.receive_load import QUEUES, TOPIC, knows_fifo, receive_through_failover
-from tests.integration.receivers import configure_group
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 

@@ -15,8 +15,9 @@ import pytest
 from tests.integration.conftest import StartBroker, StartNameServer
 from tests.integration.failover import ISR_LAG_MS, Group, consume_everything
 from tests.integration.receive_checks import assert_clean, duplicate_pairs, overlap_pairs
+from tests.integration.receive_cluster import configure_group
 from tests.integration.receive_load import QUEUES, TOPIC, FailoverRun, receive_through_failover
-from tests.integration.receivers import DONE, configure_group
+from tests.integration.receivers import DONE
 from tests.integration.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.integration

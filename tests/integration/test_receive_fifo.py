@@ -22,22 +22,24 @@ from tests.integration.receive_checks import (
     next_delivery,
     overlaps,
 )
+from tests.integration.receive_cluster import (
+    SendLog,
+    configure_group,
+    create_topic,
+    port_of,
+    routed_broker,
+    send_all,
+    wall_ms,
+)
 from tests.integration.receivers import (
     Action,
     DeliveryLog,
     Outcome,
-    SendLog,
-    configure_group,
-    create_topic,
     members,
-    port_of,
     record_delivery,
-    routed_broker,
-    send_all,
     settle,
     simple_consumer,
     wait_all_done,
-    wall_ms,
 )
 from tests.waiting import wait_until
 
