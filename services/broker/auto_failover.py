@@ -29,6 +29,7 @@ from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.failover import FailoverAgent, FailoverSettings
 from tidemq.services.broker.failover_znodes import GroupPaths, Leader
+from tidemq.services.broker.receive.dead_letter import is_system_topic
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import ServiceError
@@ -134,7 +135,8 @@ class AutomaticFailover:
         Rebuilt from the queues the store holds, so its route does not vanish with the old
         master (the queue count is the highest queue seen; an operator may widen it)."""
         for topic, queue_ids in self.store.topics().items():
-            if self.topics.get(topic) is None:
+            # The broker's own logs (%SYS%RECEIVE_LOG) have queues but are no topic.
+            if self.topics.get(topic) is None and not is_system_topic(topic):
                 n = max(queue_ids) + 1
                 with contextlib.suppress(ValueError):
                     self.topics.upsert(TopicConfig(topic, n, n))

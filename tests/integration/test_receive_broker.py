@@ -51,16 +51,16 @@ def test_an_unacked_message_comes_again_after_its_invisible_time_with_its_attemp
     create_topic(b)
     set_group(b, delays_ms=[100])
     send(b, [b"a", b"b", b"c"])
+    started = time.monotonic()  # the invisibility starts after this, at the broker
     first = receive(b, invisible_ms=400)
     assert bodies(first) == [b"a", b"b", b"c"]
     assert {m.delivery_attempt for m in first} == {1}
-    started = time.monotonic()
     done = next(m for m in first if m.message.body == b"a")
     assert codes(ack(b, [done.receipt_handle])) == ["OK"]
     # Invisible: nobody else gets them meanwhile.
     assert receive(b, wait_ms=150) == []
     again = receive_until(b, 2, invisible_ms=30_000)
-    assert time.monotonic() - started >= 0.35
+    assert time.monotonic() - started >= 0.39
     assert bodies(again) == [b"b", b"c"]
     assert {m.delivery_attempt for m in again} == {2}
     assert {m.message.reconsume_times for m in again} == {1}
@@ -83,13 +83,13 @@ def test_a_nacked_message_is_retried_after_the_groups_backoff_for_its_attempt(
     assert codes(nack(b, [m.receipt_handle])) == ["OK"]
     (m2,) = receive_until(b, 1)
     waited = time.monotonic() - nacked
-    assert 0.25 <= waited < 1.0, waited
+    assert 0.25 <= waited < 1.2, waited
     assert m2.delivery_attempt == 2
     nacked = time.monotonic()
     assert codes(nack(b, [m2.receipt_handle])) == ["OK"]
     (m3,) = receive_until(b, 1)
     waited = time.monotonic() - nacked
-    assert 1.1 <= waited < 2.5, waited
+    assert 1.1 <= waited < 2.6, waited
     assert m3.delivery_attempt == 3
 
 
@@ -168,6 +168,8 @@ def test_bad_handles_and_arguments_get_typed_errors_and_change_nothing(
         lambda: receive(b, max_messages=0),
         lambda: receive(b, max_messages=1025),
         lambda: receive(b, start_from="yesterday"),
+        lambda: receive(b, start_from="\u00b2"),  # a digit to str.isdigit, not to int()
+        lambda: receive(b, start_from="9" * 40),
         lambda: change(b, m1.receipt_handle, 0),
         lambda: ack(b, []),
         lambda: ack(b, [m1.receipt_handle] * 1025),
@@ -272,7 +274,8 @@ def test_in_flight_state_survives_sigkill_and_restart(start_broker: StartBroker)
     create_topic(b)
     set_group(b, delays_ms=[100])
     send(b, [f"m{i}".encode() for i in range(10)])
-    got = sorted(receive(b, invisible_ms=3_000), key=lambda m: m.message.body)
+    # Long enough for the restart to come well before the deadline.
+    got = sorted(receive(b, invisible_ms=8_000), key=lambda m: m.message.body)
     assert len(got) == 10
     acked, held = got[:5], got[5:]
     assert codes(ack(b, [m.receipt_handle for m in acked])) == ["OK"] * 5
@@ -449,13 +452,17 @@ def test_after_a_failover_the_new_master_knows_what_was_acked_and_what_is_in_fli
         first = group.master()
         old = group.brokers[first]
         send(old, [f"f{i}".encode() for i in range(10)])
-        got = sorted(receive(old, invisible_ms=4_000), key=lambda m: m.message.queue_offset)
+        # Long enough to outlast the election: the holders' handles are still good after it.
+        got = sorted(receive(old, invisible_ms=10_000), key=lambda m: m.message.queue_offset)
         assert len(got) == 10
         # SYNC_MASTER: each answered ack is on the in-sync slaves.
         assert codes(ack(old, [m.receipt_handle for m in got[:5]])) == ["OK"] * 5
         group.kill(first)
         second = group.master(timeout_s=SESSION_MS / 1000 + 20, not_id=first)
         new = group.brokers[second]
+        # SYNC_MASTER: acks answer once an in-sync slave holds them (the third broker, once it
+        # follows the new master).
+        replicas.wait_in_sync(new)
         # The new master decides on the state its predecessor left: acked ones stay acked, the
         # others are still invisible and their holders' handles still work.
         assert codes(ack(new, [got[0].receipt_handle, got[5].receipt_handle])) == [
@@ -463,9 +470,11 @@ def test_after_a_failover_the_new_master_knows_what_was_acked_and_what_is_in_fli
             "OK",
         ]
         assert receive(new, wait_ms=300) == []
-        back = receive_until(new, 4)
+        back = receive_until(new, 4, timeout_s=30)
         assert sorted(m.message.queue_offset for m in back) == [6, 7, 8, 9]
         assert {m.delivery_attempt for m in back} == {2}
+        # The receive log has queues but is no topic: the takeover restored no config for it.
+        assert "%SYS%" not in (new.store_dir / "config" / "topics.json").read_text()
     finally:
         group.thaw_all()
 
@@ -485,3 +494,36 @@ def test_a_tag_filter_delivers_only_matching_messages_and_completes_the_others(
     assert codes(ack(b, [m.receipt_handle for m in got])) == ["OK", "OK"]
     (q,) = state(b).queues
     assert (q.done_offset, q.next_offset, q.inflight) == (5, 5, 0)
+
+
+def test_an_offsets_group_and_a_disabled_group_are_refused_with_their_reason(
+    start_broker: StartBroker,
+) -> None:
+    b = start_broker(*FAST)
+    create_topic(b)
+    send(b, [b"m"])
+    b.stub().Heartbeat(
+        broker_pb2.HeartbeatRequest(
+            client_id="puller-1",
+            consumers=[
+                broker_pb2.ConsumerGroupMembership(group="pullers", model=broker_pb2.OFFSETS)
+            ],
+        ),
+        timeout=10,
+    )
+    assert error_of(lambda: receive(b, group="pullers")) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "CONSUME_MODEL_MISMATCH",
+        False,
+    )
+    assert error_of(lambda: ack(b, ["x"], group="pullers"))[1] == "CONSUME_MODEL_MISMATCH"
+    set_group(b, consume_enabled=False)
+    assert error_of(lambda: receive(b)) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "CONSUME_DISABLED",
+        False,
+    )
+    assert state(b).queues == []  # nothing was recorded for either
+    set_group(b, consume_enabled=True)
+    (m,) = receive(b)
+    assert m.message.body == b"m"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tidemq.services.broker.receive.due_index import HELD, RELEASED
 from tidemq.services.broker.receive.events import Event, QueueKey
 from tidemq.services.broker.receive.queue_state import (
     Candidate,
@@ -86,3 +87,36 @@ class Driver:
 
     def offsets(self, now_ms: int, n: int = 16, invisible_ms: int = 30_000) -> list[int]:
         return [o for o, *_ in self.receive(now_ms, n, invisible_ms)[1]]
+
+
+def walk_retries(
+    q: QueueInFlight, now_ms: int, max_messages: int, max_attempts: int, policy: RetryPolicy
+) -> list[int]:
+    """What a receive redelivers, by walking every open entry (the reference for the index)."""
+    return [
+        o
+        for o, s in q.items()
+        if s.kind != HELD and s.attempt < max_attempts and s.deliverable_at(policy) <= now_ms
+    ][:max_messages]
+
+
+def walk_dead(q: QueueInFlight, now_ms: int, max_attempts: int) -> list[tuple[int, int]]:
+    return [
+        (o, s.lease_id)
+        for o, s in q.items()
+        if s.kind != HELD
+        and s.attempt >= max_attempts
+        and (s.kind == RELEASED or now_ms >= s.until_ms)
+    ]
+
+
+def walk_next_visible(
+    q: QueueInFlight, now_ms: int, max_attempts: int, policy: RetryPolicy
+) -> int | None:
+    times = [
+        s.deliverable_at(policy)
+        for _, s in q.items()
+        if s.kind != HELD and s.attempt < max_attempts
+    ]
+    later = [t for t in times if t > now_ms]
+    return min(later) if later else None

@@ -52,6 +52,7 @@ Results = list[errors.TidemqError | None]
         ({"ack_linger_ms": -1}, "ack_linger_ms must be >= 0"),
         ({"consume_timeout_ms": 0}, "consume_timeout_ms must be > 0"),
         ({"long_poll_ms": -1}, "long_poll_ms must be >= 0"),
+        ({"long_poll_ms": 0}, "long_poll_ms must be > 0 for a push consumer"),
         ({"start_from": "middle"}, "start_from must be"),
         ({"request_timeout_ms": 0}, "request_timeout_ms must be > 0"),
     ],

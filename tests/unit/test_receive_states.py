@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from tests.unit.receive_sim import KEY, Driver
+from tests.unit.receive_sim import KEY, Driver, walk_dead, walk_next_visible, walk_retries
 from tidemq.services.broker.receive.events import (
     Acked,
     Changed,
@@ -154,14 +154,28 @@ def _random_history(seed: int, *, fifo: bool, steps: int = 300) -> Driver:
             d.log.add(matches=rng.random() < 0.9, group=rng.choice(groups))
 
     add_messages(20)
+    policies = [
+        policy,
+        RetryPolicy(delays_ms=(3_000,)),
+        RetryPolicy(delays_ms=(), initial_ms=50, max_ms=60_000, multiplier=10.0),
+    ]
     for _ in range(steps):
-        now += rng.choice([0, 1, 50, 400, 2_500, 40_000])
+        now += rng.choice([0, 1, 50, 400, 2_500, 40_000, -300])  # wall clocks step back too
+        if rng.random() < 0.03:  # an operator changes the group's settings
+            policy = d.policy = rng.choice(policies)
+            d.max_attempts = rng.choice([2, 3, 16])
         if rng.random() < 0.2:
             add_messages(rng.randint(1, 10))
         q = d.q
         op = rng.random()
         if op < 0.35:
-            plan = d.plan(now, rng.randint(1, 8))
+            n = rng.randint(1, 8)
+            walked = walk_retries(q, now, n, d.max_attempts, policy)
+            plan = d.plan(now, n)
+            if not fifo and not q.counts(now, policy)[2]:
+                # the index finds exactly what a walk over every entry finds
+                retried = [o for o, *_ in plan.delivered if o < q.cursor] if plan else []
+                assert retried == walked
             if plan is None:
                 continue
             done.update(plan.filtered)  # filtered out: done, never blocking its group
@@ -212,7 +226,14 @@ def _random_history(seed: int, *, fifo: bool, steps: int = 300) -> Driver:
                 deadline[o] = until
                 holders.append((o, new))
         else:
+            # a long-poll timer set by next_visible_ms never wakes later than needed
+            timer = q.next_visible_ms(now, policy, max_attempts=d.max_attempts)
+            exact = walk_next_visible(q, now, d.max_attempts, policy)
+            assert timer is None or timer > now
+            if exact is not None:
+                assert timer is not None and timer <= exact
             dead = q.dead_candidates(now, d.max_attempts, policy)
+            assert dead == walk_dead(q, now, d.max_attempts)
             for o, _ in dead:
                 assert deadline.get(o, now) <= now
             if dead:

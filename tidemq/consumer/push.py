@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -37,7 +38,7 @@ from tidemq.types import ConsumeResult, ReceivedMessage
 
 log = logging.getLogger(__name__)
 
-AsyncListener = Callable[[ReceivedMessage], Awaitable[Any]]
+AsyncListener = Callable[[ReceivedMessage], Awaitable[Any] | Any]
 Listener = Callable[[ReceivedMessage], Any]
 
 
@@ -65,7 +66,8 @@ class PushStats:
 
 class AsyncPushConsumer:
     """Use as ``async with AsyncPushConsumer(group, "orders", listener) as c``, where
-    ``listener`` is an ``async def`` taking a ``ReceivedMessage``."""
+    ``listener`` is an ``async def`` taking a ``ReceivedMessage`` (a plain function works too,
+    but runs on the event loop: use ``PushConsumer`` for blocking work)."""
 
     def __init__(
         self,
@@ -178,7 +180,9 @@ class AsyncPushConsumer:
     async def _consume(self, message: ReceivedMessage, hold: Hold) -> None:
         try:
             try:
-                result = await self._listener(message)
+                result = self._listener(message)
+                if inspect.isawaitable(result):
+                    result = await result
             except Exception:
                 log.exception(
                     "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt
@@ -367,6 +371,11 @@ class PushConsumer:
         except BaseException:
             await core.close()
             raise
+
+    def start(self) -> PushConsumer:
+        """The constructor has started it already (as ``Consumer``); for code written against
+        RocketMQ's clients and the asyncio version, which start explicitly."""
+        return self
 
     def __enter__(self) -> PushConsumer:
         return self

@@ -67,6 +67,9 @@ class PushConsumerConfig:
         for name in ("ack_linger_ms", "shutdown_timeout_ms"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
+        if self.long_poll_ms == 0:
+            # The receive loop would ask again at once, all the time, while nothing comes.
+            problems.append("long_poll_ms must be > 0 for a push consumer")
         try:
             invisible_ms(self.invisible_duration_s)
         except InvalidArgumentError as e:

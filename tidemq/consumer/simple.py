@@ -198,6 +198,11 @@ class SimpleConsumer:
             await core.close()
             raise
 
+    def start(self) -> SimpleConsumer:
+        """The constructor has started it already (as ``Consumer``); for code written against
+        RocketMQ's clients and the asyncio version, which start explicitly."""
+        return self
+
     def __enter__(self) -> SimpleConsumer:
         return self
 

@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from tidemq.services.broker.receive.due_index import HELD, IN_FLIGHT, RELEASED, DueIndex, Slot
 from tidemq.services.broker.receive.events import (
     Acked,
     Changed,
@@ -36,7 +37,6 @@ from tidemq.services.broker.receive.events import (
 )
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 
-IN_FLIGHT, RELEASED, HELD = 1, 2, 3
 # Candidates one plan may look at: a backlog of messages that all fail the tag filter is
 # walked over a few receives, each recording a bounded Received event.
 MAX_SCAN_PER_PLAN = 4096
@@ -61,40 +61,6 @@ class NewMessages(Protocol):
     def read(self, from_offset: int, max_count: int) -> list[Candidate]:
         """Up to ``max_count`` messages from ``from_offset`` on, in order; [] at the end."""
         ...
-
-
-class Slot:
-    """The state shared by the entries one event put in the same condition (immutable)."""
-
-    __slots__ = ("attempt", "group_hash", "kind", "lease_id", "start_ms", "until_ms")
-
-    def __init__(
-        self, kind: int, attempt: int, group_hash: int, lease_id: int, start_ms: int, until_ms: int
-    ) -> None:
-        self.kind = kind  # IN_FLIGHT, RELEASED or HELD
-        self.attempt = attempt  # deliveries so far (0 while held)
-        self.group_hash = group_hash
-        self.lease_id = lease_id  # the record that made this state (0 while held)
-        self.start_ms = start_ms  # that record's now_ms
-        self.until_ms = until_ms  # IN_FLIGHT: deadline; RELEASED: visible-at
-
-    def fields(self) -> tuple[int, int, int, int, int, int]:
-        return (
-            self.kind,
-            self.attempt,
-            self.group_hash,
-            self.lease_id,
-            self.start_ms,
-            self.until_ms,
-        )
-
-    def deliverable_at(self, policy: RetryPolicy) -> int:
-        if self.kind == IN_FLIGHT:
-            return max(self.until_ms, self.start_ms + policy.delay_ms(self.attempt))
-        return self.until_ms
-
-    def __repr__(self) -> str:
-        return f"Slot{self.fields()}"
 
 
 _HELD_SLOTS: dict[int, Slot] = {}
@@ -133,7 +99,7 @@ class ReceivePlan:
 class QueueInFlight:
     """Receive progress of one group on one queue (see the module docstring)."""
 
-    __slots__ = ("_entries", "_held", "cursor", "floor")
+    __slots__ = ("_entries", "_held", "_index", "cursor", "floor")
 
     def __init__(self, start_offset: int) -> None:
         if start_offset < 0:
@@ -144,6 +110,7 @@ class QueueInFlight:
         # iterating the dict walks the open offsets lowest first.
         self._entries: dict[int, Slot] = {}
         self._held = 0
+        self._index = DueIndex()
 
     # ---- applying events ----
 
@@ -171,9 +138,12 @@ class QueueInFlight:
                     ns = cache[k] = Slot(
                         kind, s.attempt, s.group_hash, lease_id, event.now_ms, until
                     )
+                    self._index.add(ns)
                 entries[offset] = ns
+                ns.offsets.append(offset)
         elif isinstance(event, Reset):
             self._entries.clear()
+            self._index.clear()
             self._held = 0
             self.floor = self.cursor = event.offset
             return
@@ -195,6 +165,7 @@ class QueueInFlight:
                 s = cache[k] = Slot(
                     IN_FLIGHT, attempt, group_hash, lease_id, ev.now_ms, ev.invisible_until_ms
                 )
+                self._index.add(s)
             if offset >= old_cursor:
                 fresh.append((offset, s))
             else:
@@ -204,6 +175,7 @@ class QueueInFlight:
                 if old.kind == HELD:
                     self._held -= 1
                 entries[offset] = s
+                s.offsets.append(offset)
         for offset, group_hash in ev.held:
             if old_cursor <= offset < new_cursor:
                 fresh.append((offset, _held_slot(group_hash)))
@@ -216,6 +188,8 @@ class QueueInFlight:
                         self._held -= 1
                     continue
                 entries[offset] = s
+                if s.kind != HELD:
+                    s.offsets.append(offset)
         self.cursor = new_cursor
         self._advance_floor()
 
@@ -297,19 +271,16 @@ class QueueInFlight:
         # group's only deliverable offset is its lowest open one.
         blocked: set[int] = set()
         held_left = self._held
-        for offset, s in self._entries.items():
-            if len(delivered) >= max_messages:
-                break
-            gh = s.group_hash
-            if fifo and gh:
-                if gh in blocked:
-                    continue
-                blocked.add(gh)
-            if s.kind == HELD:
-                delivered.append((offset, 1, gh, None))
-                held_left -= 1
-            elif s.attempt < max_attempts and s.deliverable_at(policy) <= now_ms:
-                delivered.append((offset, s.attempt + 1, gh, None))
+        if not fifo and not held_left:
+            # No order to keep: the index finds what came due without walking every lease.
+            for offset, s in self._index.retries(
+                self._entries, now_ms, max_messages, max_attempts, policy
+            ):
+                delivered.append((offset, s.attempt + 1, s.group_hash, None))
+        else:
+            held_left = self._retries_in_order(
+                now_ms, max_messages, delivered, blocked, fifo, max_attempts, policy
+            )
         filtered: list[int] = []
         held: list[tuple[int, int]] = []
         cursor = self.cursor
@@ -346,36 +317,58 @@ class QueueInFlight:
             return None
         return ReceivePlan(delivered, tuple(filtered), tuple(held), cursor)
 
+    def _retries_in_order(
+        self,
+        now_ms: int,
+        max_messages: int,
+        delivered: list[tuple[int, int, int, object | None]],
+        blocked: set[int],
+        fifo: bool,
+        max_attempts: int,
+        policy: RetryPolicy,
+    ) -> int:
+        """Walk the open entries lowest first (FIFO needs every group's first open offset);
+        fills ``delivered`` and ``blocked``, returns how many held entries stay held."""
+        held_left = self._held
+        for offset, s in self._entries.items():
+            if len(delivered) >= max_messages:
+                break
+            gh = s.group_hash
+            if fifo and gh:
+                if gh in blocked:
+                    continue
+                blocked.add(gh)
+            if s.kind == HELD:
+                delivered.append((offset, 1, gh, None))
+                held_left -= 1
+            elif s.attempt < max_attempts and s.deliverable_at(policy) <= now_ms:
+                delivered.append((offset, s.attempt + 1, gh, None))
+        return held_left
+
     def dead_candidates(
         self, now_ms: int, max_attempts: int, policy: RetryPolicy
     ) -> list[tuple[int, int]]:
-        """(offset, lease_id) of messages nobody holds that used up their deliveries."""
-        return [
-            (offset, s.lease_id)
-            for offset, s in self._entries.items()
-            if s.kind != HELD
-            and s.attempt >= max_attempts
-            and (s.kind == RELEASED or now_ms >= s.until_ms)
-        ]
+        """(offset, lease_id) of messages nobody holds that used up their deliveries, lowest
+        offset first."""
+        return self._index.exhausted(self._entries, now_ms, max_attempts, policy)
 
     def next_visible_ms(
         self, now_ms: int, policy: RetryPolicy, *, max_attempts: int | None = None
     ) -> int | None:
-        """The earliest time an entry that is not deliverable now becomes deliverable (leases
-        ending count); None when there is none. With ``max_attempts``, entries that will be
-        dead-lettered rather than delivered are left out."""
-        best: int | None = None
-        seen: set[int] = set()
-        for s in self._entries.values():
-            if s.kind == HELD or id(s) in seen:
-                continue
-            seen.add(id(s))
-            if max_attempts is not None and s.attempt >= max_attempts:
-                continue
-            t = s.deliverable_at(policy)
-            if t > now_ms and (best is None or t < best):
-                best = t
-        return best
+        """When to look again for messages to redeliver: the earliest time an entry that is
+        not deliverable now may become so (leases ending count; at worst early, never late);
+        None when there is none. ``max_attempts`` (default: as last asked) leaves out entries
+        that will be dead-lettered rather than delivered."""
+        limit = max_attempts if max_attempts is not None else self._index.max_attempts
+        if self._index.behind(now_ms):  # rare: walk every entry
+            times = [
+                t
+                for s in set(self._entries.values())
+                if s.kind != HELD and s.attempt < limit and (t := s.deliverable_at(policy)) > now_ms
+            ]
+            return min(times, default=None)
+        self._index.advance(self._entries, now_ms, limit, policy)
+        return self._index.next_time(self._entries)
 
     def counts(self, now_ms: int, policy: RetryPolicy) -> tuple[int, int, int]:
         """(in flight, waiting to be retried, held back) at ``now_ms``."""

@@ -80,8 +80,13 @@ def read_one(store: MessageStore, topic: str, queue_id: int, offset: int) -> Sto
     return got.messages[0]
 
 
+def _is_timestamp(text: str) -> bool:
+    # ASCII digits only: str.isdigit also takes superscripts that int() refuses.
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def check_start_from(start_from: str) -> None:
-    if start_from not in ("", "first", "last") and not start_from.isdigit():
+    if start_from not in ("", "first", "last") and not _is_timestamp(start_from):
         raise invalid(
             f"start_from {start_from!r} must be 'first', 'last' or a timestamp in ms (digits)"
         )
@@ -98,7 +103,7 @@ def start_offset(
         return min(max(committed, lo), hi)
     if start_from == "first":
         return lo
-    if start_from.isdigit():
+    if _is_timestamp(start_from):
         return store.offset_by_time(topic, queue_id, int(start_from))
     return hi
 

@@ -79,6 +79,10 @@ class Reviver:
         if got is None:
             return
         position, data = got
-        await asyncio.get_running_loop().run_in_executor(
-            None, self.journal.write_snapshot, position, data
-        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, self.journal.write_snapshot, position, data
+            )
+        except OSError:
+            self.journal.changed = True  # the next round tries again
+            raise

@@ -32,6 +32,7 @@ import tracemalloc
 import zlib
 from collections.abc import Iterator
 
+from tidemq.services.broker.receive.due_index import HELD, IN_FLIGHT, RELEASED, Slot
 from tidemq.services.broker.receive.events import (
     Event,
     EventFormatError,
@@ -43,13 +44,7 @@ from tidemq.services.broker.receive.events import (
     _str,
     _uv,
 )
-from tidemq.services.broker.receive.queue_state import (
-    HELD,
-    IN_FLIGHT,
-    RELEASED,
-    QueueInFlight,
-    Slot,
-)
+from tidemq.services.broker.receive.queue_state import QueueInFlight
 
 MAGIC = b"TRSS"
 VERSION = 1
