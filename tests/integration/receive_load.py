@@ -21,6 +21,7 @@ from tests.integration.receivers import (
     Delivery,
     DeliveryLog,
     Members,
+    Outcome,
     members,
     record_delivery,
     simple_consumer,
@@ -85,8 +86,15 @@ class FailoverRun:
         return (
             f"{name}: deliveries {len(log.deliveries())}, duplicates {duplicates}, redelivered"
             f" {sum(d.attempt > 1 for d in log.deliveries())}, held at the kill"
-            f" {len(self.held[name])}, member errors {len(self.consumers[name].errors())}"
+            f" {len(self.held[name])}, member errors {len(self.consumers[name].errors())},"
+            f" nacks refused in time {sum(_refused_in_time(d) for d in log.deliveries())}"
         )
+
+
+def _refused_in_time(d: Delivery) -> bool:
+    """A nack refused although it was sent while its handle was valid: a retry (after a lost
+    answer) that found the first try's release."""
+    return d.outcome is Outcome.NACK_REFUSED and (d.ended_at_ms or 0) < d.invisible_until_ms
 
 
 def receive_through_failover(
