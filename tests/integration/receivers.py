@@ -1,7 +1,8 @@
 """Receive/ack consumers for integration tests, and the history they record.
 
 Each ``Member`` is a ``tidemq.SimpleConsumer`` of its own (a member of the group, as a process of
-a microservice would be) receiving in a loop on a thread; a ``Plan`` decides, per delivery,
+a microservice would be) receiving in a loop on a thread (or in a process of its own:
+``receive_member``); a ``Plan`` decides, per delivery,
 whether it acks, nacks or drops the message (lets its invisible time run out), and how long it
 "processes" first. Every delivery goes to a ``DeliveryLog``: who got it, its attempt, when the
 broker granted it (``invisible_until_ms`` minus the invisible duration asked for: the broker's
