@@ -120,3 +120,21 @@ def walk_next_visible(
     ]
     later = [t for t in times if t > now_ms]
     return min(later) if later else None
+
+
+def walk_fifo_retries(
+    q: QueueInFlight, now_ms: int, max_messages: int, max_attempts: int, policy: RetryPolicy
+) -> list[int]:
+    """What a FIFO receive delivers of the open entries, by walking them all: each message
+    group's first open offset, when it is held or due; offsets without a group when due."""
+    seen: set[int] = set()
+    out: list[int] = []
+    for o, s in q.items():
+        gh = s.group_hash
+        if gh:
+            if gh in seen:
+                continue
+            seen.add(gh)
+        if s.kind == HELD or (s.attempt < max_attempts and s.deliverable_at(policy) <= now_ms):
+            out.append(o)
+    return out[:max_messages]

@@ -289,3 +289,15 @@ def test_plan_refuses_a_receive_of_nothing() -> None:
     d = started(1)
     with pytest.raises(ValueError, match="max_messages"):
         d.plan(T0, n=0)
+
+
+def test_a_queue_switched_to_fifo_redelivers_only_each_groups_first_message() -> None:
+    d = fifo_driver([A, A, B])
+    d.fifo = False
+    lease, _ = d.receive(T0, invisible_ms=1_000)  # plain: both of A in flight at once
+    d.fifo = True
+    assert d.receive(T0 + 5_000)[1] == [(0, 2, A, None), (2, 2, B, None)]
+    assert d.offsets(T0 + 5_001) == []  # A1 waits behind A0 although its lease ended
+    d.append(Acked(KEY, ((0, d.q.lease_id(0) or 0),)))
+    assert d.receive(T0 + 5_002)[1] == [(1, 2, A, None)]
+    assert lease < (d.q.lease_id(1) or 0)

@@ -3,8 +3,9 @@
 A handle names the message (broker group, consumer group, topic, queue, offset) and the lease
 that delivered it (``lease_id``, the CommitLog offset of the event record that granted it), so
 the broker can tell a current handle from an expired, superseded or already acked one without
-any per-handle state. It is not a secret: anyone may forge one, and the lease check makes a
-forged handle useless (UNKNOWN/SUPERSEDED), never harmful.
+any per-handle state. It is not a secret: the CRC catches damage, not forgery, and a client
+of the group that guesses a current lease id could settle a message it was not given (as with
+RocketMQ's handles); a stale or made-up lease is refused.
 
 Byte format (version 1), then URL-safe base64 without padding::
 

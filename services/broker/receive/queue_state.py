@@ -8,9 +8,20 @@ behind an earlier message of its message group). An offset in ``[floor, cursor)`
 entry is done, so done messages cost nothing and memory follows what is open.
 
 Entries share their state: every entry one event put in the same condition (a batch of 32
-delivered under one lease, say) points at one immutable ``Slot``; an entry costs a dict slot
-and its offset's int. Expiry takes no event: a lease whose deadline passed is released by the
-clock, deliverable again at ``max(deadline, lease start + policy.delay_ms(attempt))``.
+delivered under one lease, say) points at one ``Slot``; an entry costs a dict slot, its
+offset's int and 8 bytes in the slot's offset array (about 100 bytes a message in batches of
+32, 270 received one at a time: ``states.measure_bytes_per_entry``). Expiry takes no event:
+a lease whose deadline passed is released by the clock, deliverable again at
+``max(deadline, lease start + policy.delay_ms(attempt))``.
+
+Two derived indexes keep a receive from walking every open entry: ``DueIndex`` (when leases
+end and released messages come due) and, for FIFO, ``GroupHeads`` (each message group's first
+open offset). Both are rebuilt from the entries when needed and never part of the state.
+
+Handle checks: an offset below the floor or done above it answers ACKED (a second ack of a
+message gets "already acked", whatever finished it), one beyond the cursor or never leased
+under the handle's lease UNKNOWN, an older lease SUPERSEDED, the current one OK until its
+deadline and EXPIRED after.
 
 The state changes only through ``apply(event, lease_id)``, deterministic and tolerant as a
 log replay must be (an item whose lease no longer matches lost a race and is ignored), so a
@@ -20,86 +31,43 @@ without changing anything: the caller appends ``plan.event(...)`` and applies it
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
-
-from tidemq.services.broker.receive.due_index import HELD, IN_FLIGHT, RELEASED, DueIndex, Slot
+from tidemq.services.broker.receive.decisions import (
+    Candidate,
+    HandleStatus,
+    NewMessages,
+    ReceivePlan,
+)
+from tidemq.services.broker.receive.due_index import (
+    HELD,
+    IN_FLIGHT,
+    RELEASED,
+    DueIndex,
+    Slot,
+    held_slot,
+)
 from tidemq.services.broker.receive.events import (
     Acked,
     Changed,
     Dead,
     Event,
     Init,
-    QueueKey,
     Received,
     Reset,
 )
+from tidemq.services.broker.receive.group_heads import GroupHeads
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
+
+__all__ = ["Candidate", "HandleStatus", "NewMessages", "QueueInFlight", "ReceivePlan"]
 
 # Candidates one plan may look at: a backlog of messages that all fail the tag filter is
 # walked over a few receives, each recording a bounded Received event.
 MAX_SCAN_PER_PLAN = 4096
 
 
-class HandleStatus(enum.Enum):
-    OK = "ok"
-    EXPIRED = "expired"  # its lease ended; nobody else has it yet
-    ACKED = "acked"  # the message is done for the group (acked, dead-lettered, reset past)
-    SUPERSEDED = "superseded"  # a later lease (renewal, redelivery, nack) replaced this one
-    UNKNOWN = "unknown"  # never delivered under this lease (beyond the cursor, held, forged)
-
-
-class Candidate(NamedTuple):
-    offset: int
-    matches: bool
-    group_hash: int
-    message: object  # opaque payload the reader wants back in the plan
-
-
-class NewMessages(Protocol):
-    def read(self, from_offset: int, max_count: int) -> list[Candidate]:
-        """Up to ``max_count`` messages from ``from_offset`` on, in order; [] at the end."""
-        ...
-
-
-_HELD_SLOTS: dict[int, Slot] = {}
-
-
-def _held_slot(group_hash: int) -> Slot:
-    # Held entries of one message group are alike forever: one slot per group, process-wide.
-    s = _HELD_SLOTS.get(group_hash)
-    if s is None:
-        if len(_HELD_SLOTS) > 100_000:
-            _HELD_SLOTS.clear()
-        s = _HELD_SLOTS[group_hash] = Slot(HELD, 0, group_hash, 0, 0, 0)
-    return s
-
-
-@dataclass(frozen=True, slots=True)
-class ReceivePlan:
-    # (offset, attempt, group hash, message or None for retries and held ones: read them)
-    delivered: list[tuple[int, int, int, object | None]]
-    filtered: tuple[int, ...]
-    held: tuple[tuple[int, int], ...]
-    cursor: int
-
-    def event(self, key: QueueKey, now_ms: int, invisible_until_ms: int) -> Received:
-        return Received(
-            key,
-            now_ms,
-            invisible_until_ms,
-            tuple((o, a, h) for o, a, h, _ in self.delivered),
-            self.filtered,
-            self.held,
-            self.cursor,
-        )
-
-
 class QueueInFlight:
     """Receive progress of one group on one queue (see the module docstring)."""
 
-    __slots__ = ("_entries", "_held", "_index", "cursor", "floor")
+    __slots__ = ("_entries", "_heads", "_held", "_index", "cursor", "floor")
 
     def __init__(self, start_offset: int) -> None:
         if start_offset < 0:
@@ -111,6 +79,7 @@ class QueueInFlight:
         self._entries: dict[int, Slot] = {}
         self._held = 0
         self._index = DueIndex()
+        self._heads = GroupHeads()
 
     # ---- applying events ----
 
@@ -124,6 +93,10 @@ class QueueInFlight:
                 s = entries.get(offset)
                 if s is not None and s.kind != HELD and s.lease_id == lease:
                     del entries[offset]
+                    if s.leave():
+                        self._index.emptied()
+                    if s.group_hash:
+                        self._heads.closed(s.group_hash, entries)
         elif isinstance(event, Changed):
             kind = RELEASED if event.released else IN_FLIGHT
             cache: dict[tuple[int, int, int], Slot] = {}
@@ -140,10 +113,13 @@ class QueueInFlight:
                     )
                     self._index.add(ns)
                 entries[offset] = ns
-                ns.offsets.append(offset)
+                ns.join(offset)
+                if s.leave():
+                    self._index.emptied()
         elif isinstance(event, Reset):
             self._entries.clear()
             self._index.clear()
+            self._heads.clear()
             self._held = 0
             self.floor = self.cursor = event.offset
             return
@@ -174,11 +150,13 @@ class QueueInFlight:
                     continue  # done meanwhile: nothing to redeliver
                 if old.kind == HELD:
                     self._held -= 1
+                elif old.leave():
+                    self._index.emptied()
                 entries[offset] = s
-                s.offsets.append(offset)
+                s.join(offset)
         for offset, group_hash in ev.held:
             if old_cursor <= offset < new_cursor:
-                fresh.append((offset, _held_slot(group_hash)))
+                fresh.append((offset, held_slot(group_hash)))
                 self._held += 1
         if fresh:
             fresh.sort(key=lambda e: e[0])
@@ -189,7 +167,9 @@ class QueueInFlight:
                     continue
                 entries[offset] = s
                 if s.kind != HELD:
-                    s.offsets.append(offset)
+                    s.join(offset)
+                if s.group_hash:
+                    self._heads.opened(offset, s, entries)
         self.cursor = new_cursor
         self._advance_floor()
 
@@ -271,15 +251,19 @@ class QueueInFlight:
         # group's only deliverable offset is its lowest open one.
         blocked: set[int] = set()
         held_left = self._held
-        if not fifo and not held_left:
+        if fifo:
+            held_left = self._retries_fifo(
+                now_ms, max_messages, delivered, blocked, max_attempts, policy
+            )
+        elif not held_left:
             # No order to keep: the index finds what came due without walking every lease.
             for offset, s in self._index.retries(
                 self._entries, now_ms, max_messages, max_attempts, policy
             ):
                 delivered.append((offset, s.attempt + 1, s.group_hash, None))
-        else:
+        else:  # held back while the group was FIFO: walk every entry (rare)
             held_left = self._retries_in_order(
-                now_ms, max_messages, delivered, blocked, fifo, max_attempts, policy
+                now_ms, max_messages, delivered, max_attempts, policy
             )
         filtered: list[int] = []
         held: list[tuple[int, int]] = []
@@ -297,7 +281,11 @@ class QueueInFlight:
                 gh = c.group_hash
                 if not c.matches:
                     filtered.append(c.offset)
-                elif fifo and gh and gh in blocked:
+                elif (
+                    fifo
+                    and gh
+                    and (gh in blocked or self._heads.head(gh, self._entries) is not None)
+                ):
                     # The cursor stops before the first message the window has no room for:
                     # a stuck group holds back at most max_held messages, and every other
                     # group's messages up to there keep flowing.
@@ -317,32 +305,57 @@ class QueueInFlight:
             return None
         return ReceivePlan(delivered, tuple(filtered), tuple(held), cursor)
 
-    def _retries_in_order(
+    def _retries_fifo(
         self,
         now_ms: int,
         max_messages: int,
         delivered: list[tuple[int, int, int, object | None]],
         blocked: set[int],
-        fifo: bool,
         max_attempts: int,
         policy: RetryPolicy,
     ) -> int:
-        """Walk the open entries lowest first (FIFO needs every group's first open offset);
-        fills ``delivered`` and ``blocked``, returns how many held entries stay held."""
+        """FIFO: the lowest offsets that are their message group's head (or have no group)
+        and may go: released and due, or held and now first. Fills ``delivered`` and
+        ``blocked``; returns how many held entries stay held."""
+        entries, heads = self._entries, self._heads
+
+        def first_of_group(offset: int, s: Slot) -> bool:
+            return not s.group_hash or heads.head(s.group_hash, entries) == offset
+
+        due = self._index.retries(
+            entries, now_ms, max_messages, max_attempts, policy, first_of_group
+        )
+        ready = sorted(due + heads.held_heads(entries, max_messages), key=lambda e: e[0])
+        held_left = self._held
+        for offset, s in ready[:max_messages]:
+            if s.kind == HELD:
+                delivered.append((offset, 1, s.group_hash, None))
+                held_left -= 1
+            else:
+                delivered.append((offset, s.attempt + 1, s.group_hash, None))
+            if s.group_hash:
+                blocked.add(s.group_hash)
+        return held_left
+
+    def _retries_in_order(
+        self,
+        now_ms: int,
+        max_messages: int,
+        delivered: list[tuple[int, int, int, object | None]],
+        max_attempts: int,
+        policy: RetryPolicy,
+    ) -> int:
+        """Not FIFO, but messages held while it was: walk the open entries lowest first;
+        fills ``delivered``, returns how many held entries stay held."""
         held_left = self._held
         for offset, s in self._entries.items():
             if len(delivered) >= max_messages:
                 break
-            gh = s.group_hash
-            if fifo and gh:
-                if gh in blocked:
-                    continue
-                blocked.add(gh)
             if s.kind == HELD:
-                delivered.append((offset, 1, gh, None))
+                delivered.append((offset, 1, s.group_hash, None))
                 held_left -= 1
             elif s.attempt < max_attempts and s.deliverable_at(policy) <= now_ms:
-                delivered.append((offset, s.attempt + 1, gh, None))
+                delivered.append((offset, s.attempt + 1, s.group_hash, None))
         return held_left
 
     def dead_candidates(
@@ -398,8 +411,11 @@ class QueueInFlight:
                 raise ValueError(f"entry offset {offset} out of order or range")
             prev = offset
             q._entries[offset] = s
+            if s.kind != HELD:
+                s.join(offset)
             if s.kind == HELD:
                 q._held += 1
+        q._heads.rebuild(q._entries)
         q._advance_floor()
         return q
 

@@ -160,8 +160,9 @@ class ReceiveStates:
             raise SnapshotFormatError(f"receive snapshot body: {e}") from None
 
     def memory_bytes_estimate(self) -> int:
-        """A rough size of the state: measured bytes per open entry times the entries."""
-        return self.open_entries() * 100 + len(self._queues) * 1_000
+        """A rough size of the state: about 110 bytes per open entry (measured in batches of
+        16-32 with ``measure_bytes_per_entry``; up to 270 for leases of one message)."""
+        return self.open_entries() * 110 + len(self._queues) * 1_000
 
 
 def _decode_body(body: bytes) -> ReceiveStates:
