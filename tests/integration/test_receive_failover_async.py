@@ -63,6 +63,8 @@ def test_async_master_failover_loses_only_what_was_answered_within_the_lag_bound
     lost_acks = "none" if oldest is None else f"{run.killed_at - oldest:.0f} ms before the kill"
     print(
         f"ASYNC_MASTER failover took {run.failed_over_at - run.killed_at:.0f} ms; sent"
-        f" {len(run.sent.bodies())}, lost SEND_OK {len(lost)}; {run.figures('plain', len(dups))};"
+        f" {len(run.sent.bodies())}, lost SEND_OK {len(lost)} (answered at most"
+        f" {run.killed_at - min(lost.values(), default=run.killed_at):.0f} ms before the kill);"
+        f" {run.figures('plain', len(dups))};"
         f" oldest lost ack: {lost_acks}"
     )
