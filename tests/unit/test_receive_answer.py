@@ -62,6 +62,6 @@ def test_an_empty_answer_is_empty_on_the_wire() -> None:
 
 
 def test_varint_is_protobufs() -> None:
-    for v in (0, 1, 127, 128, 300, 2**31 - 1, 2**63 - 1):
+    for v in (0, 1, 127, 128, 300, 16383, 16384, 2**31 - 1, 2**63 - 1):
         m = broker_pb2.ReceivedMessage(invisible_until_ms=v)
         assert m.SerializeToString() == (b"\x20" + varint(v) if v else b"")

@@ -28,6 +28,8 @@ def varint(v: int) -> bytes:
     """Protobuf's varint of ``v`` (>= 0)."""
     if v < 0x80:
         return bytes((v,))
+    if v < 0x4000:
+        return bytes(((v & 0x7F) | 0x80, v >> 7))
     out = bytearray()
     while v >= 0x80:
         out.append((v & 0x7F) | 0x80)
@@ -39,11 +41,15 @@ def varint(v: int) -> bytes:
 class ReceiveAnswer:
     """The ``ReceiveMessageResponse`` of one receive, on the wire (``encoded``)."""
 
-    __slots__ = ("_parts", "_until", "count", "handles", "redelivered")
+    __slots__ = ("_handle_key", "_parts", "_tails", "_until", "count", "handles", "redelivered")
 
     def __init__(self, handles: HandleWriter, invisible_until_ms: int) -> None:
         self.handles = handles
         self._until = invisible_until_ms
+        # Every handle of one writer has the same length.
+        self._handle_key = _RECEIPT_HANDLE + varint(handles.text_size)
+        # By delivery attempt: the fields after the handle but the message group.
+        self._tails: dict[int, bytes] = {}
         self._parts: list[bytes] = []
         self.count = 0
         self.redelivered = 0
@@ -56,18 +62,14 @@ class ReceiveAnswer:
         proto.reconsume_times = attempt - 1
         message = proto.SerializeToString()
         handle = self.handles.encode(m.queue_id, offset, lease_id, self._until).encode()
-        fields = [
-            _MESSAGE,
-            varint(len(message)),
-            message,
-            _RECEIPT_HANDLE,
-            varint(len(handle)),
-            handle,
-            _DELIVERY_ATTEMPT,
-            varint(attempt),
-        ]
-        if self._until:
-            fields += (_INVISIBLE_UNTIL_MS, varint(self._until))
+        tail = self._tails.get(attempt)
+        if tail is None:
+            tail = self._tails[attempt] = (
+                _DELIVERY_ATTEMPT
+                + varint(attempt)
+                + (_INVISIBLE_UNTIL_MS + varint(self._until) if self._until else b"")
+            )
+        fields = [_MESSAGE, varint(len(message)), message, self._handle_key, handle, tail]
         group = m.properties.get(PROP_MESSAGE_GROUP)
         if group:
             raw = group.encode()

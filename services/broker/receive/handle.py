@@ -88,13 +88,14 @@ def _names_block(broker_name: str, group: str, topic: str) -> bytes:
 class HandleWriter:
     """Encodes the handles of one call: the names once, the numbers per message."""
 
-    __slots__ = ("_crc", "_text")
+    __slots__ = ("_crc", "_text", "text_size")
 
     def __init__(self, broker_name: str, group: str, topic: str) -> None:
         head = _names_block(broker_name, group, topic)
         self._text = _b64(head)
         self._crc = zlib.crc32(head)
-        if len(self._text) + _TAIL_CHARS > MAX_TEXT_CHARS:
+        self.text_size = len(self._text) + _TAIL_CHARS  # of every handle it encodes
+        if self.text_size > MAX_TEXT_CHARS:
             raise ValueError(f"receipt handle over {MAX_TEXT_CHARS} characters (names too long)")
 
     def encode(self, queue_id: int, offset: int, lease_id: int, invisible_until_ms: int) -> str:
