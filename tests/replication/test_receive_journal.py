@@ -87,6 +87,26 @@ def test_a_follower_applying_the_copied_log_holds_the_masters_state(tmp_path: Pa
         assert slave.catch_up() == 0  # nothing new
 
 
+def test_a_master_ahead_of_dispatch_keeps_its_state_and_does_not_rebuild(tmp_path: Path) -> None:
+    # The master applies its records as it appends them; a catch-up (woken by dispatch of an
+    # earlier record) that runs before dispatch publishes the newest must not take that for
+    # a log cut back: a rebuild would replay the log without it.
+    with open_store(tmp_path / "m") as m:
+        master = ReceiveJournal(m, str(tmp_path / "m"))
+        master.open()
+        events_a(master)
+        assert m.wait_dispatched(m.log.max_offset, 10)
+        with m.dispatch_held():
+            events_b(master)
+            want = ReceiveStates.decode_snapshot(master.states.encode_snapshot(0))[1]
+            assert master.catch_up() == 0
+            assert master.rebuilds == 0
+            assert master.states == want
+        assert m.wait_dispatched(m.log.max_offset, 10)
+        assert master.catch_up() == 0
+        assert master.rebuilds == 0 and master.states == want
+
+
 def test_a_log_cut_back_under_a_follower_rebuilds_from_the_snapshot_it_agrees_with(
     tmp_path: Path,
 ) -> None:

@@ -7,7 +7,12 @@ import zlib
 import pytest
 
 from tidemq.protos import broker_pb2
-from tidemq.services.broker.receive.handle import InvalidHandle, ReceiptHandle
+from tidemq.services.broker.receive.handle import (
+    HandleReader,
+    HandleWriter,
+    InvalidHandle,
+    ReceiptHandle,
+)
 from tidemq.services.broker.receive.retry_policy import (
     DEFAULT_DELAYS_MS,
     DEFAULT_MAX_DELIVERY_ATTEMPTS,
@@ -18,18 +23,22 @@ pytestmark = pytest.mark.unit
 
 HANDLE = ReceiptHandle("broker-a", "g1", "orders", 3, 1234, 987654, 1_700_000_030_000)
 # Pinned: a broker upgraded to a new version must still read handles issued before it.
-GOLDEN_HANDLE = "AQAIYnJva2VyLWEAAmcxAAZvcmRlcnMAAAADAAAAAAAABNIAAAAAAA8SBgAAAYvP5d0wFYxgzA"
+GOLDEN_HANDLE = "AgAYAAhicm9rZXItYQACZzEABm9yZGVycwAAAAAAAwAAAAAAAATSAAAAAAAPEgYAAAGLz-XdMApqXPA"
 GOLDEN_RAW = bytes.fromhex(
-    "01"  # version
+    "02"  # version
+    "0018"  # names_len 24: 3 + 24 is a multiple of 3
     "0008 62726f6b65722d61"  # "broker-a"
     "0002 6731"  # "g1"
     "0006 6f7264657273"  # "orders"
+    "0000"  # padding
     "00000003"  # queue 3
     "00000000000004d2"  # offset 1234
     "00000000000f1206"  # lease 987654
     "0000018bcfe5dd30"  # invisible until 1_700_000_030_000
-    "158c60cc"  # CRC32 of the above
+    "0a6a5cf0"  # CRC32 of the above
 )
+# Version 1, as brokers before version 2 issued it: still read.
+GOLDEN_HANDLE_V1 = "AQAIYnJva2VyLWEAAmcxAAZvcmRlcnMAAAADAAAAAAAABNIAAAAAAA8SBgAAAYvP5d0wFYxgzA"
 
 
 def _unb64(text: str) -> bytes:
@@ -48,6 +57,48 @@ def test_handle_encodes_to_pinned_url_safe_text_and_back() -> None:
     assert raw == GOLDEN_RAW
     assert raw[-4:] == zlib.crc32(raw[:-4]).to_bytes(4, "big")
     assert ReceiptHandle.decode(text) == HANDLE
+
+
+def test_a_version_1_handle_is_still_read() -> None:
+    assert ReceiptHandle.decode(GOLDEN_HANDLE_V1) == HANDLE
+    bad = _unb64(GOLDEN_HANDLE_V1)
+    with pytest.raises(InvalidHandle, match="CRC"):
+        ReceiptHandle.decode(_b64(bad[:-1] + bytes((bad[-1] ^ 1,))))
+
+
+def test_handles_of_one_call_share_the_text_of_their_names() -> None:
+    writer = HandleWriter("broker-a", "g1", "orders")
+    assert writer.encode(3, 1234, 987654, 1_700_000_030_000) == GOLDEN_HANDLE
+    a, b = writer.encode(0, 1, 2, 3), writer.encode(7, 10**12, 5, 6)
+    prefix = _b64(GOLDEN_RAW[:27])
+    assert a.startswith(prefix) and b.startswith(prefix) and len(a) == len(b)
+    assert ReceiptHandle.decode(b) == ReceiptHandle("broker-a", "g1", "orders", 7, 10**12, 5, 6)
+
+
+def test_the_reader_of_a_calls_names_reads_their_handles_and_no_other() -> None:
+    reader = HandleReader("broker-a", "g1", "orders")
+    assert reader.numbers(GOLDEN_HANDLE) == (3, 1234, 987654, 1_700_000_030_000)
+    rng = random.Random(7)
+    for _ in range(100):
+        numbers = tuple(rng.randint(0, 2**31 - 1) for _ in range(4))
+        assert reader.numbers(HandleWriter("broker-a", "g1", "orders").encode(*numbers)) == numbers
+    # Other names, another version, damage: None (the full decode says why).
+    for names in (
+        ("broker-b", "g1", "orders"),
+        ("broker-a", "g2", "orders"),
+        ("broker-a", "g1", "o"),
+    ):
+        assert reader.numbers(ReceiptHandle(*names, 3, 1234, 987654, 5).encode()) is None
+    assert reader.numbers(GOLDEN_HANDLE_V1) is None
+    raw = _unb64(GOLDEN_HANDLE)
+    for i in range(27, len(raw)):
+        bad = bytearray(raw)
+        bad[i] ^= 0x10
+        assert reader.numbers(_b64(bytes(bad))) is None
+    assert reader.numbers(GOLDEN_HANDLE[:-1] + "é") is None
+    assert reader.numbers(GOLDEN_HANDLE[:-1]) is None
+    negative = raw[:-12] + (-1).to_bytes(8, "big", signed=True)
+    assert reader.numbers(_sealed(negative)) is None
 
 
 def test_handle_round_trips_unicode_names_and_extreme_values() -> None:
@@ -73,7 +124,10 @@ def test_handle_round_trips_unicode_names_and_extreme_values() -> None:
         ("not base64!", "base64"),
         ("é", "base64"),
         (_b64(b"\x01abc"), "too short"),
-        (_b64(b"\x02" + _unb64(GOLDEN_HANDLE)[1:]), "version"),
+        (_b64(b"\x03" + _unb64(GOLDEN_HANDLE)[1:]), "version"),
+        (_b64(b"\x00" + _unb64(GOLDEN_HANDLE)[1:]), "version"),
+        (GOLDEN_HANDLE[:-1] + "+", "base64"),
+        (GOLDEN_HANDLE + "AA", "base64"),
         (GOLDEN_HANDLE[:-2] + ("AA" if GOLDEN_HANDLE[-2:] != "AA" else "BA"), "CRC"),
     ],
 )
@@ -91,13 +145,22 @@ def test_decode_refuses_bad_lengths_and_negatives_even_with_a_right_crc() -> Non
     with pytest.raises(InvalidHandle, match="length"):
         ReceiptHandle.decode(_sealed(body + b"\x00"))
     with pytest.raises(InvalidHandle, match="length"):
-        ReceiptHandle.decode(_sealed(b"\x01\xff\xff" + body[1:]))
+        ReceiptHandle.decode(_sealed(b"\x02\xff\xff" + body[3:]))
+    with pytest.raises(InvalidHandle, match="length"):  # names not ending on 3 bytes
+        ReceiptHandle.decode(_sealed(b"\x02\x00\x17" + body[3:-1]))
+    with pytest.raises(InvalidHandle, match="padding"):
+        ReceiptHandle.decode(_sealed(body[:25] + b"\x00\x01" + body[27:]))
+    with pytest.raises(InvalidHandle, match="name length"):
+        ReceiptHandle.decode(_sealed(body[:3] + b"\x00\x20" + body[5:]))
     negative = body[:-8] + (-1).to_bytes(8, "big", signed=True)
     with pytest.raises(InvalidHandle, match="negative"):
         ReceiptHandle.decode(_sealed(negative))
-    not_utf8 = body[:3] + b"\xff" + body[4:]
+    not_utf8 = body[:5] + b"\xff" + body[6:]
     with pytest.raises(InvalidHandle, match="UTF-8"):
         ReceiptHandle.decode(_sealed(not_utf8))
+    v1 = _unb64(GOLDEN_HANDLE_V1)[:-4]
+    with pytest.raises(InvalidHandle, match="length"):
+        ReceiptHandle.decode(_sealed(v1 + b"\x00"))
     assert issubclass(InvalidHandle, ValueError)
 
 
@@ -114,6 +177,8 @@ def test_a_flipped_bit_anywhere_is_refused() -> None:
 def test_encode_refuses_negative_fields() -> None:
     with pytest.raises(ValueError, match="offset"):
         ReceiptHandle("b", "g", "t", 0, -1, 0, 0).encode()
+    with pytest.raises(ValueError, match="over 1024"):
+        HandleWriter("b", "g" * 1000, "t")
 
 
 # ---- retry policy ----

@@ -31,13 +31,11 @@ class ReceiveHandlers:
 
     @typed_errors
     async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        results = await self.settle.ack(request.group, request.topic, request.receipt_handles)
-        return broker_pb2.AckMessageResponse(results=results)
+        return await self.settle.ack(request.group, request.topic, request.receipt_handles)
 
     @typed_errors
     async def NackMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        results = await self.settle.nack(request.group, request.topic, request.receipt_handles)
-        return broker_pb2.NackMessageResponse(results=results)
+        return await self.settle.nack(request.group, request.topic, request.receipt_handles)
 
     @typed_errors
     async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -122,6 +122,9 @@ def message_group_hash(name: str | None) -> int:
 
 
 def _uv(out: bytearray, v: int) -> None:
+    if 0 <= v < 0x80:
+        out.append(v)
+        return
     if v < 0:
         raise ValueError(f"negative value {v} where the format wants >= 0")
     while v >= 0x80:
@@ -131,7 +134,11 @@ def _uv(out: bytearray, v: int) -> None:
 
 
 def _zz(out: bytearray, v: int) -> None:
-    _uv(out, (v << 1) if v >= 0 else ((-v) << 1) - 1)
+    v = (v << 1) if v >= 0 else ((-v) << 1) - 1
+    if v < 0x80:
+        out.append(v)
+    else:
+        _uv(out, v)
 
 
 def _str(out: bytearray, s: str) -> None:
@@ -145,6 +152,22 @@ def _str(out: bytearray, s: str) -> None:
 def _columns(out: bytearray, items: tuple[tuple[int, ...], ...], kinds: str) -> None:
     """Items as rows; ``kinds`` per column: 'd' zig-zag delta, 'z' zig-zag, 'u' varint."""
     _uv(out, len(items))
+    # The lists of every receive and ack, written without the general loop's overhead.
+    if kinds == "dd":
+        p0 = p1 = 0
+        for v0, v1 in items:
+            _zz(out, v0 - p0)
+            _zz(out, v1 - p1)
+            p0, p1 = v0, v1
+        return
+    if kinds == "duu":
+        p0 = 0
+        for v0, v1, v2 in items:
+            _zz(out, v0 - p0)
+            _uv(out, v1)
+            _uv(out, v2)
+            p0 = v0
+        return
     prev = [0] * len(kinds)
     for item in items:
         for i, k in enumerate(kinds):

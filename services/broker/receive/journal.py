@@ -176,6 +176,8 @@ class ReceiveJournal:
     def catch_up(self, max_records: int | None = None) -> int:
         """Apply dispatched records after the applied position (at most ``max_records``);
         returns how many. A log cut back under the state rebuilds it first."""
+        if self._ahead_of_dispatch():
+            return 0
         if not self._log_agrees(self.mark) or (
             self.store.max_offset(RECEIVE_LOG_TOPIC, LOG_QUEUE) < self.mark.next_offset
         ):
@@ -183,6 +185,13 @@ class ReceiveJournal:
             self._rebuild("the log was cut back")
             return 0
         return self._apply_all(max_records)
+
+    def _ahead_of_dispatch(self) -> bool:
+        """Whether the state ends with a record the log holds but dispatch has not published
+        yet: a master's own, applied as it appended it. Not a log cut back, nothing to apply
+        (a rebuild now would replay without it, and decide on a state that lacks it)."""
+        last = self.mark.last_phy
+        return last >= 0 and self.store.dispatched_offset <= last < self.store.log.max_offset
 
     def _apply_all(self, max_records: int | None = None) -> int:
         applied = 0

@@ -1,15 +1,12 @@
 """What a receive reads from the store: new messages of a queue as the state machine's
-candidates (tag match and message group worked out here), retried messages by offset, where a
-group starts on a queue it never received from, and the answer's wire form."""
+candidates (tag match and message group worked out here), retried messages by offset, and where
+a group starts on a queue it never received from."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tidemq.protos import broker_pb2
-from tidemq.services.broker.convert import to_proto
 from tidemq.services.broker.receive.events import message_group_hash
-from tidemq.services.broker.receive.handle import ReceiptHandle
 from tidemq.services.broker.receive.queue_state import Candidate
 from tidemq.services.errors import invalid
 from tidemq.storage import MessageStore, StoredMessage
@@ -106,20 +103,3 @@ def start_offset(
     if _is_timestamp(start_from):
         return store.offset_by_time(topic, queue_id, int(start_from))
     return hi
-
-
-def received_message(
-    m: StoredMessage,
-    attempt: int,
-    handle: ReceiptHandle,
-) -> broker_pb2.ReceivedMessage:
-    out = broker_pb2.ReceivedMessage(
-        message=to_proto(m),
-        receipt_handle=handle.encode(),
-        delivery_attempt=attempt,
-        invisible_until_ms=handle.invisible_until_ms,
-        message_group=m.properties.get(PROP_MESSAGE_GROUP, ""),
-    )
-    # RocketMQ's reconsume times: deliveries before this one.
-    out.message.reconsume_times = attempt - 1
-    return out

@@ -33,6 +33,7 @@ from tidemq.services.broker.groups import RECEIVE, GroupSettings, SubscriptionGr
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.receive.answer import ReceiveAnswer
 from tidemq.services.broker.receive.dead_letter import (
     dlq_topic,
     is_system_topic,
@@ -43,13 +44,12 @@ from tidemq.services.broker.receive.events import (
     QueueKey,
     Reset,
 )
-from tidemq.services.broker.receive.handle import ReceiptHandle
+from tidemq.services.broker.receive.handle import HandleWriter
 from tidemq.services.broker.receive.journal import JournalBehindError, ReceiveJournal
 from tidemq.services.broker.receive.reading import (
     QueueCandidates,
     check_start_from,
     read_one,
-    received_message,
     start_offset,
 )
 from tidemq.services.broker.receive.states import ReceiveStates
@@ -62,6 +62,7 @@ from tidemq.storage.clock import now_ms
 log = logging.getLogger(__name__)
 
 DEFAULT_SETTINGS = GroupSettings()
+_NOTHING: bytes = broker_pb2.ReceiveMessageResponse().SerializeToString()
 
 
 class ReceiveCounters(Protocol):
@@ -186,7 +187,8 @@ class ReceiveService:
         return g.settings if g is not None else DEFAULT_SETTINGS
 
     # ------------------------------------------------------------------ receive
-    async def receive(self, req: Any) -> broker_pb2.ReceiveMessageResponse:
+    async def receive(self, req: Any) -> bytes:
+        """The ReceiveMessageResponse, encoded (``ReceiveAnswer``)."""
         cfg = self.config
         if not req.group:
             raise invalid("group is required")
@@ -215,17 +217,16 @@ class ReceiveService:
             woken = self.waiters.register(topic)
             now = now_ms()
             out, put, next_ms = self._receive_now(req, group.settings, tags, tcfg, now)
-            if out:
+            if out.count:
                 assert put is not None
                 # A receive's event lost to a failover only makes its messages visible again
                 # early (at least once holds): the answer goes out whatever the slaves said.
                 await self.durable(put, what="")
-                redelivered = sum(1 for m in out if m.delivery_attempt > 1)
-                self.counters.received(req.group, len(out), redelivered)
-                return broker_pb2.ReceiveMessageResponse(messages=out)
+                self.counters.received(req.group, out.count, out.redelivered)
+                return out.encoded
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self.checks.shutting_down:
-                return broker_pb2.ReceiveMessageResponse()
+                return _NOTHING
             if put is not None:
                 # It moved on (messages filtered out by tag, a queue started): look again,
                 # after letting other calls run, rather than wait for what is already there.
@@ -239,7 +240,7 @@ class ReceiveService:
                     async with asyncio.timeout(remaining):
                         await woken.wait()
             if self.checks.shutting_down:
-                return broker_pb2.ReceiveMessageResponse()  # as a parked pull answers
+                return _NOTHING  # as a parked pull answers
             await self.lead()  # a demotion while parked
             group = self.groups.get(req.group) or group
 
@@ -259,16 +260,16 @@ class ReceiveService:
         tags: Sequence[str] | None,
         tcfg: TopicConfig,
         now: int,
-    ) -> tuple[list[broker_pb2.ReceivedMessage], PutResult | None, int | None]:
+    ) -> tuple[ReceiveAnswer, PutResult | None, int | None]:
         """One look at the queues, recording what it decides; no await in here. Returns the
         messages, the last put, and when a retry becomes visible (the long poll's timer)."""
         store, topic, group = self.store, req.topic, req.group
-        out: list[broker_pb2.ReceivedMessage] = []
         put: PutResult | None = None
         next_ms: int | None = None
         policy, attempts = settings.retry_policy, settings.max_delivery_attempts
         cap = self._confirm_cap() if self._confirm_cap is not None else None
         until = now + req.invisible_duration_ms
+        out = ReceiveAnswer(HandleWriter(self.config.broker_name, group, topic), until)
         # New messages read for one answer stay within the pull answer's cap (retries are read
         # by offset, each at most one message).
         budget = self.config.max_pull_response_bytes
@@ -299,7 +300,7 @@ class ReceiveService:
             candidates = QueueCandidates(store, topic, qid, tags, budget, cap)
             plan = q.plan_receive(
                 now,
-                req.max_messages - len(out),
+                req.max_messages - out.count,
                 candidates,
                 fifo=settings.fifo,
                 max_attempts=attempts,
@@ -313,11 +314,8 @@ class ReceiveService:
                     m = message if message is not None else read_one(store, topic, qid, offset)
                     if m is None:
                         continue  # retention deleted it: it expires, then is dead-lettered
-                    handle = ReceiptHandle(
-                        self.config.broker_name, group, topic, qid, offset, lease_id, until
-                    )
-                    out.append(received_message(m, attempt, handle))  # type: ignore[arg-type]
-            if len(out) >= req.max_messages or budget <= 0:
+                    out.add(m, offset, attempt, lease_id)  # type: ignore[arg-type]
+            if out.count >= req.max_messages or budget <= 0:
                 break
             t = q.next_visible_ms(now, policy, max_attempts=attempts)
             if t is not None and (next_ms is None or t < next_ms):

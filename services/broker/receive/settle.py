@@ -14,8 +14,8 @@ from tidemq.protos import broker_pb2
 from tidemq.services.broker.groups import RECEIVE
 from tidemq.services.broker.receive.dead_letter import dead_letter_copy, dlq_topic
 from tidemq.services.broker.receive.events import Acked, Changed, Dead, QueueKey, Reset
-from tidemq.services.broker.receive.handle import ReceiptHandle
-from tidemq.services.broker.receive.queue_state import HandleStatus
+from tidemq.services.broker.receive.handle import HandleReader, ReceiptHandle
+from tidemq.services.broker.receive.queue_state import HandleStatus, QueueInFlight
 from tidemq.services.broker.receive.reading import read_one
 from tidemq.services.broker.receive.refusals import handle_mismatch, handle_refusal, parse_handle
 from tidemq.services.broker.receive.service import ReceiveService
@@ -25,12 +25,17 @@ from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
+# Handle readers kept (one per broker group, consumer group and topic acked recently).
+MAX_READERS = 1024
+
 
 class Settlement:
     def __init__(self, service: ReceiveService) -> None:
         self.service = service
         # (queue, offset) being copied to the dead-letter queue right now: copied once.
         self._dying: set[tuple[QueueKey, int]] = set()
+        # By (broker, group, topic): the names' text, encoded once rather than per handle.
+        self._readers: dict[tuple[str, str, str], HandleReader] = {}
 
     def _check_call(self, group: str, topic: str, handles: Sequence[str]) -> None:
         if not group or not topic:
@@ -60,39 +65,81 @@ class Settlement:
         return key, h
 
     def _checked(
-        self, group: str, topic: str, handles: Sequence[str], now: int
-    ) -> tuple[list[broker_pb2.HandleResult], list[tuple[QueueKey, ReceiptHandle]]]:
-        results = []
+        self, group: str, topic: str, handles: Sequence[str], now: int, results: Any
+    ) -> list[tuple[QueueKey, ReceiptHandle]]:
+        """The valid handles; a result per handle added to ``results`` (a repeated
+        HandleResult field)."""
         valid = []
         for text in handles:
-            r = broker_pb2.HandleResult(receipt_handle=text)
+            r = results.add(receipt_handle=text)
             try:
                 valid.append(self._check(text, group, topic, now))
             except ServiceError as e:
                 r.error.CopyFrom(detail_of(e))
-            results.append(r)
-        return results, valid
+        return valid
 
-    async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[Any]:
-        self._check_call(group, topic, handles)
-        await self.service.lead()
-        results, valid = self._checked(group, topic, handles, now_ms())
-        by_key: dict[QueueKey, dict[int, int]] = {}
-        for key, h in valid:
-            by_key.setdefault(key, {})[h.offset] = h.lease_id
-        put = None
-        for key, items in by_key.items():
-            _, put = self.service.append(Acked(key, tuple(sorted(items.items()))))
-        if put is not None:
-            await self.service.durable(put, what="ack")
-            self.service.counters.acked(group, sum(len(i) for i in by_key.values()))
-        return results
-
-    async def nack(self, group: str, topic: str, handles: Sequence[str]) -> list[Any]:
+    async def ack(
+        self, group: str, topic: str, handles: Sequence[str]
+    ) -> broker_pb2.AckMessageResponse:
         self._check_call(group, topic, handles)
         await self.service.lead()
         now = now_ms()
-        results, valid = self._checked(group, topic, handles, now)
+        answer = broker_pb2.AckMessageResponse()
+        results = answer.results
+        reader = self._reader(group, topic)
+        states = self.service.states
+        # One pass: a handle of this call's names has only its numbers decoded; any other
+        # (or one the state refuses) takes the checks that say why.
+        by_queue: dict[int, tuple[QueueInFlight | None, dict[int, int]]] = {}
+        for text in handles:
+            numbers = reader.numbers(text)
+            if numbers is not None:
+                qid, offset, lease_id, _ = numbers
+                got = by_queue.get(qid)
+                if got is None:
+                    got = by_queue[qid] = (states.get(QueueKey(group, topic, qid)), {})
+                q, items = got
+                if q is not None and q.check(offset, lease_id, now) is HandleStatus.OK:
+                    items[offset] = lease_id
+                    results.add(receipt_handle=text)
+                    continue
+            r = results.add(receipt_handle=text)
+            try:
+                key, h = self._check(text, group, topic, now)
+            except ServiceError as e:
+                r.error.CopyFrom(detail_of(e))
+            else:  # a good handle of another format
+                got = by_queue.setdefault(key.queue_id, (states.get(key), {}))
+                got[1][h.offset] = h.lease_id
+        put = None
+        acked = 0
+        for qid, (_, items) in by_queue.items():
+            if items:
+                key = QueueKey(group, topic, qid)
+                _, put = self.service.append(Acked(key, tuple(sorted(items.items()))))
+                acked += len(items)
+        if put is not None:
+            await self.service.durable(put, what="ack")
+            self.service.counters.acked(group, acked)
+        return answer
+
+    def _reader(self, group: str, topic: str) -> HandleReader:
+        names = (self.service.config.broker_name, group, topic)
+        reader = self._readers.get(names)
+        if reader is None:
+            if len(self._readers) >= MAX_READERS:
+                self._readers.clear()
+            reader = self._readers[names] = HandleReader(*names)
+        return reader
+
+    async def nack(
+        self, group: str, topic: str, handles: Sequence[str]
+    ) -> broker_pb2.NackMessageResponse:
+        self._check_call(group, topic, handles)
+        await self.service.lead()
+        now = now_ms()
+        answer = broker_pb2.NackMessageResponse()
+        valid = self._checked(group, topic, handles, now, answer.results)
         settings = self.service.settings(group)
         by_key: dict[QueueKey, dict[int, tuple[int, int, int]]] = {}
         exhausted: dict[QueueKey, list[int]] = {}
@@ -114,7 +161,7 @@ class Settlement:
             await self.dead_letter_offsets(
                 key, offsets, f"max delivery attempts ({settings.max_delivery_attempts})"
             )
-        return results
+        return answer
 
     async def change_invisible_duration(
         self, group: str, topic: str, handle: str, invisible_ms: int
