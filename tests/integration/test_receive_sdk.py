@@ -234,7 +234,9 @@ def test_push_consumer_failures_end_in_the_dlq_after_max_delivery_attempts(
     assert d.properties["DLQ_DELIVERY_ATTEMPTS"] == "2"
 
 
-def test_push_consumer_runs_at_most_max_concurrency_listeners(cluster: Cluster) -> None:
+def test_push_consumer_runs_at_most_max_concurrency_listeners_and_buffers_at_most_buffer_messages(
+    cluster: Cluster,
+) -> None:
     _topic(cluster, "busy", "g-busy", delays_s=[0.2])
     _send(cluster, "busy", [f"m{i}" for i in range(12)])
     release = threading.Event()
@@ -255,16 +257,17 @@ def test_push_consumer_runs_at_most_max_concurrency_listeners(cluster: Cluster) 
         return tidemq.ConsumeResult.SUCCESS
 
     config = tidemq.PushConsumerConfig(
-        start_from="first", max_concurrency=3, invisible_duration_s=30.0
+        start_from="first", max_concurrency=3, buffer_messages=2, invisible_duration_s=30.0
     )
     with tidemq.PushConsumer(
         "g-busy", "busy", listener, nameserver=cluster.address, config=config
     ) as consumer:
         wait_until(lambda: running == 3, 20, "three listeners running")
+        wait_until(lambda: consumer.buffered == 2, 20, "two messages buffered")
         with tidemq.Admin(cluster.address) as admin:
-            # Only what runs is received: three in flight, the rest never looked at.
+            # Three running and two received ahead are in flight; the rest never looked at.
             state = admin.receive_state("g-busy", "busy")
-            assert sum(q.inflight for q in state.queues) == 3
+            assert sum(q.inflight for q in state.queues) == 5
         release.set()
         wait_until(lambda: consumer.stats.acked == 12, 30, "all twelve acked")
     assert most == 3

@@ -5,6 +5,7 @@ message group property and the consumer-group admin values."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import grpc
@@ -286,6 +287,62 @@ def test_a_received_message_carries_its_delivery() -> None:
     r.message_group = ""
     assert ReceivedMessage.from_received(r, "b").message_group is None
     assert m.as_dict()["delivery_attempt"] == 3
+
+
+def test_a_received_message_built_fast_is_the_same_frozen_value_as_one_built_field_by_field() -> (
+    None
+):
+    r = broker_pb2.ReceivedMessage(
+        message=common_pb2.StoredMessage(
+            topic="t",
+            queue_id=1,
+            queue_offset=5,
+            body=b"b",
+            tag="tg",
+            keys=["k1", "k2"],
+            properties={"p": "v"},
+            msg_id="M",
+            born_timestamp_ms=1,
+            store_timestamp_ms=2,
+            commitlog_offset=3,
+            born_host="h1",
+            store_host="h2",
+            reconsume_times=4,
+        ),
+        receipt_handle="H",
+        delivery_attempt=2,
+        invisible_until_ms=9,
+        message_group="g",
+    )
+    fast = ReceivedMessage.from_received(r, "b")
+    m = r.message
+    slow = ReceivedMessage(
+        topic="t",
+        queue_id=1,
+        queue_offset=5,
+        body=b"b",
+        tag="tg",
+        keys=("k1", "k2"),
+        properties={"p": "v"},
+        msg_id="M",
+        born_timestamp_ms=1,
+        store_timestamp_ms=2,
+        broker="b",
+        commitlog_offset=3,
+        born_host="h1",
+        store_host="h2",
+        reconsume_times=m.reconsume_times,
+        receipt_handle="H",
+        delivery_attempt=2,
+        message_group="g",
+        invisible_until_ms=9,
+    )
+    assert vars(fast) == vars(slow)
+    assert fast == slow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.topic = "other"  # type: ignore[misc]
+    empty = ReceivedMessage.from_received(broker_pb2.ReceivedMessage(), "b")
+    assert (empty.keys, empty.properties, empty.tag, empty.message_group) == ((), {}, None, None)
 
 
 def test_a_new_handle_replaces_the_old_in_place_and_the_message_stays_equal() -> None:

@@ -3,11 +3,12 @@ receives and calls a listener for each message; the listener answers ``ConsumeRe
 (the message is acked) or ``FAILURE`` (it is retried after the group's backoff). An exception,
 or any other answer, counts as FAILURE.
 
-At most ``max_concurrency`` listeners run at once, and the consumer receives only as many
-messages as it can start, so none waits in a buffer while its invisibility runs. A listener
-that runs long has its message's invisibility renewed (``renewal``). Acks are batched
-(``acks``). ``close`` stops receiving, lets the running listeners finish (up to
-``shutdown_timeout_ms``), and sends the acks still waiting.
+At most ``max_concurrency`` listeners run at once; the consumer keeps up to
+``buffer_messages`` more received ahead, so a listener that finishes starts the next message
+without waiting on a receive call. Every received message is held from its receipt: a
+buffered message or a listener that runs long has its invisibility renewed (``renewal``).
+Acks are batched (``acks``). ``close`` stops receiving, lets the running and buffered
+listeners finish (up to ``shutdown_timeout_ms``), and sends the acks still waiting.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class AsyncPushConsumer:
         self._consuming: set[asyncio.Task[None]] = set()
         self._renewals: dict[int, asyncio.Task[None]] = {}
         self._slot_free: asyncio.Event | None = None
+        self._listener_slots: asyncio.Semaphore | None = None
+        self._running = 0
         self._acks: AckBatcher | None = None
         self._receiving: asyncio.Task[None] | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -115,6 +118,7 @@ class AsyncPushConsumer:
         await start_membership(self._calls)
         cfg = self.config
         self._slot_free = asyncio.Event()
+        self._listener_slots = asyncio.Semaphore(cfg.max_concurrency)
         self._acks = AckBatcher(
             self._calls.ack, cfg.ack_batch_max_messages, cfg.ack_linger_ms, self._acked
         )
@@ -136,16 +140,22 @@ class AsyncPushConsumer:
     @property
     def running(self) -> int:
         """Listeners running now."""
-        return len(self._holds)
+        return self._running
+
+    @property
+    def buffered(self) -> int:
+        """Messages received and waiting for a free listener."""
+        return len(self._holds) - self._running
 
     # ------------------------------------------------------------------ receiving
     async def _receive_loop(self) -> None:
         cfg = self.config
         assert self._slot_free is not None
         failures = 0
+        capacity = cfg.max_concurrency + cfg.buffer_messages
         while True:
             self._slot_free.clear()
-            free = cfg.max_concurrency - len(self._holds)
+            free = capacity - len(self._holds)
             if free <= 0:
                 await self._slot_free.wait()
                 continue
@@ -178,22 +188,9 @@ class AsyncPushConsumer:
         task.add_done_callback(self._consuming.discard)
 
     async def _consume(self, message: ReceivedMessage, hold: Hold) -> None:
-        try:
-            try:
-                result = self._listener(message)
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception:
-                log.exception(
-                    "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt
-                )
-                result = ConsumeResult.FAILURE
-            outcome = consume_outcome(result)
-        finally:
-            hold.released = True
-            self._holds.pop(id(message), None)
-            assert self._slot_free is not None
-            self._slot_free.set()
+        assert self._listener_slots is not None
+        async with self._listener_slots:
+            outcome = await self._listen(message, hold)
         await self._settled_renewal(hold)
         if outcome is ConsumeResult.SUCCESS:
             self.stats.succeeded += 1
@@ -213,6 +210,27 @@ class AsyncPushConsumer:
             # The message comes back anyway when its invisibility ends.
             self.last_error = error
             log.warning("nack of %s failed: %s", message.msg_id, error)
+
+    async def _listen(self, message: ReceivedMessage, hold: Hold) -> ConsumeResult:
+        """Runs the listener (holding a listener slot); what its answer means."""
+        self._running += 1
+        try:
+            try:
+                result = self._listener(message)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception:
+                log.exception(
+                    "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt
+                )
+                result = ConsumeResult.FAILURE
+            return consume_outcome(result)
+        finally:
+            self._running -= 1
+            hold.released = True
+            self._holds.pop(id(message), None)
+            assert self._slot_free is not None
+            self._slot_free.set()
 
     async def _settled_renewal(self, hold: Hold) -> None:
         # A renewal in flight replaces the handle; the ack must carry the new one.
@@ -390,6 +408,16 @@ class PushConsumer:
     @property
     def last_error(self) -> TidemqError | None:
         return self._core.last_error
+
+    @property
+    def running(self) -> int:
+        """Listeners running now."""
+        return self._core.running
+
+    @property
+    def buffered(self) -> int:
+        """Messages received and waiting for a free listener."""
+        return self._core.buffered
 
     def close(self) -> None:
         try:
