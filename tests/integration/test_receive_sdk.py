@@ -310,6 +310,41 @@ def test_push_consumer_renews_a_long_listener_and_close_flushes_its_ack(
     assert all(q.done_offset == q.max_offset for q in queues)
 
 
+def test_push_consumer_renews_a_buffered_message_so_it_is_delivered_once(
+    cluster: Cluster,
+) -> None:
+    _topic(cluster, "queued", "g-queued", delays_s=[0.2])
+    _send(cluster, "queued", ["first", "second"])
+    deliveries: list[tuple[bytes, int]] = []
+    started = threading.Event()
+    finish = threading.Event()
+
+    def listener(m: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
+        deliveries.append((m.body, m.delivery_attempt))
+        started.set()
+        finish.wait(30)
+        return tidemq.ConsumeResult.SUCCESS
+
+    config = tidemq.PushConsumerConfig(
+        start_from="first", max_concurrency=1, buffer_messages=1, invisible_duration_s=1.5
+    )
+    consumer = tidemq.PushConsumer(
+        "g-queued", "queued", listener, nameserver=cluster.address, config=config
+    )
+    try:
+        assert started.wait(20)
+        wait_until(lambda: consumer.buffered == 1, 20, "one message buffered")
+        # Both held for over three invisible durations: the waiting one too is renewed.
+        wait_until(lambda: consumer.stats.renewed >= 6, 20, "three renewals each")
+        assert (consumer.running, consumer.buffered) == (1, 1)
+        finish.set()
+        wait_until(lambda: consumer.stats.acked == 2, 20, "both acked")
+    finally:
+        consumer.close()
+    assert sorted(deliveries) == [(b"first", 1), (b"second", 1)]
+    assert consumer.stats.ack_errors == 0
+
+
 def test_asyncio_simple_and_push_consumers(cluster: Cluster) -> None:
     _topic(cluster, "aio-r", "g-aio", delays_s=[0.2])
     _send(cluster, "aio-r", [f"m{i}" for i in range(6)], message_group="grp-1")

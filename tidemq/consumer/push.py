@@ -14,7 +14,7 @@ listeners finish (up to ``shutdown_timeout_ms``), and sends the acks still waiti
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
 import contextlib
 import inspect
 import logging
@@ -26,6 +26,7 @@ from typing import Any
 from tidemq._runtime import LoopThread, monotonic_ms
 from tidemq.consumer.acks import AckBatcher
 from tidemq.consumer.config import default_client_id
+from tidemq.consumer.listener_threads import ListenerThreads
 from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_membership
 from tidemq.consumer.receive_config import (
     PushConsumerConfig,
@@ -102,8 +103,9 @@ class AsyncPushConsumer:
         self._consuming: set[asyncio.Task[None]] = set()
         self._renewals: dict[int, asyncio.Task[None]] = {}
         self._slot_free: asyncio.Event | None = None
-        self._listener_slots: asyncio.Semaphore | None = None
-        self._running = 0
+        # Received messages waiting for a free listener, in the order they came.
+        self._buffer: collections.deque[tuple[ReceivedMessage, Hold]] = collections.deque()
+        self._running = 0  # listeners started and not finished
         self._acks: AckBatcher | None = None
         self._receiving: asyncio.Task[None] | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -118,7 +120,6 @@ class AsyncPushConsumer:
         await start_membership(self._calls)
         cfg = self.config
         self._slot_free = asyncio.Event()
-        self._listener_slots = asyncio.Semaphore(cfg.max_concurrency)
         self._acks = AckBatcher(
             self._calls.ack, cfg.ack_batch_max_messages, cfg.ack_linger_ms, self._acked
         )
@@ -181,16 +182,22 @@ class AsyncPushConsumer:
                 self._start(m, sent_ms)
 
     def _start(self, message: ReceivedMessage, sent_ms: int) -> None:
+        # Held (and renewed when needed) from receipt, whether it runs now or waits.
         hold = Hold(started_ms=monotonic_ms(), deadline_ms=sent_ms + self._invisible_ms)
         self._holds[id(message)] = (message, hold)
+        if self._running < self.config.max_concurrency:
+            self._launch(message, hold)
+        else:
+            self._buffer.append((message, hold))
+
+    def _launch(self, message: ReceivedMessage, hold: Hold) -> None:
+        self._running += 1
         task = asyncio.ensure_future(self._consume(message, hold))
         self._consuming.add(task)
         task.add_done_callback(self._consuming.discard)
 
     async def _consume(self, message: ReceivedMessage, hold: Hold) -> None:
-        assert self._listener_slots is not None
-        async with self._listener_slots:
-            outcome = await self._listen(message, hold)
+        outcome = await self._listen(message, hold)
         await self._settled_renewal(hold)
         if outcome is ConsumeResult.SUCCESS:
             self.stats.succeeded += 1
@@ -212,8 +219,8 @@ class AsyncPushConsumer:
             log.warning("nack of %s failed: %s", message.msg_id, error)
 
     async def _listen(self, message: ReceivedMessage, hold: Hold) -> ConsumeResult:
-        """Runs the listener (holding a listener slot); what its answer means."""
-        self._running += 1
+        """Runs the listener; what its answer means. The next buffered message takes over
+        the listener slot when it is done."""
         try:
             try:
                 result = self._listener(message)
@@ -229,6 +236,8 @@ class AsyncPushConsumer:
             self._running -= 1
             hold.released = True
             self._holds.pop(id(message), None)
+            if self._buffer:
+                self._launch(*self._buffer.popleft())
             assert self._slot_free is not None
             self._slot_free.set()
 
@@ -285,7 +294,8 @@ class AsyncPushConsumer:
 
     # ------------------------------------------------------------------ closing
     async def close(self) -> None:
-        """Stops receiving, waits for running listeners (up to ``shutdown_timeout_ms``), sends
+        """Stops receiving, waits for running and buffered listeners (up to
+        ``shutdown_timeout_ms``), sends
         the waiting acks, leaves the group."""
         if self._closed:
             return
@@ -294,19 +304,27 @@ class AsyncPushConsumer:
             # A receive cut short here may have been granted messages: they come back to the
             # group when their invisible duration ends.
             await _cancel(self._receiving)
-        if self._consuming:
-            _, late = await asyncio.wait(
-                set(self._consuming), timeout=self.config.shutdown_timeout_ms / 1000
-            )
+        # Buffered messages start as running ones finish: wait until none is left.
+        deadline = monotonic_ms() + self.config.shutdown_timeout_ms
+        late: set[asyncio.Task[None]] = set()
+        while self._consuming:
+            left_s = max(0, deadline - monotonic_ms()) / 1000
+            _, late = await asyncio.wait(set(self._consuming), timeout=left_s)
             if late:
-                log.warning(
-                    "closing with %d listeners still running after %d ms; their messages will"
-                    " be delivered again",
-                    len(late),
-                    self.config.shutdown_timeout_ms,
-                )
-                for task in late:
-                    await _cancel(task)
+                break
+        if late:
+            log.warning(
+                "closing with %d listeners still running and %d messages buffered after %d ms;"
+                " their messages will be delivered again",
+                len(late),
+                len(self._buffer),
+                self.config.shutdown_timeout_ms,
+            )
+            for _, hold in self._buffer:
+                hold.released = True
+            self._buffer.clear()  # before the cancels: a finishing listener starts the next
+            for task in late:
+                await _cancel(task)
         if self._acks is not None:
             await self._acks.close()
         for task in [*self._background, *self._renewals.values()]:
@@ -352,14 +370,11 @@ class PushConsumer:
         if not callable(listener):
             raise TypeError("listener must be callable")
         config = config or PushConsumerConfig()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            config.max_concurrency, thread_name_prefix="tidemq-listener"
-        )
+        self._threads = ListenerThreads(config.max_concurrency)
         self._runner = LoopThread("tidemq-push-consumer")
 
         async def run_listener(message: ReceivedMessage) -> Any:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, listener, message)
+            return await self._threads.run(listener, message)
 
         try:
             self._core = self._runner.run(
@@ -367,7 +382,7 @@ class PushConsumer:
             )
         except BaseException:
             self._runner.stop()
-            self._pool.shutdown(wait=False)
+            self._threads.stop()
             raise
         self.config = self._core.config
         self.group = group
@@ -424,4 +439,4 @@ class PushConsumer:
             self._runner.finish(self._core.close)
         finally:
             # Listeners still running after shutdown_timeout_ms are left to finish on their own.
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._threads.stop()
