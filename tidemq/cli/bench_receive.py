@@ -206,6 +206,7 @@ def _push(
         # The acks still batched go out here: the run ends when they are answered.
         consumer.close()
     tally.errors = consumer.stats.ack_errors
+    tally.receive_calls = consumer.stats.receive_calls
     if tally.completed:
         tally.last = time.perf_counter()
     window("end")

@@ -58,6 +58,7 @@ class PushStats:
     """Counters since the consumer started."""
 
     received: int = 0
+    receive_calls: int = 0  # answered receive calls (with messages or not)
     succeeded: int = 0  # listener answered SUCCESS
     failed: int = 0  # FAILURE, an exception, or another answer
     acked: int = 0
@@ -154,10 +155,13 @@ class AsyncPushConsumer:
         assert self._slot_free is not None
         failures = 0
         capacity = cfg.max_concurrency + cfg.buffer_messages
+        # Receive again once half a batch fits, not at each finished listener: a receive for a
+        # message or two costs the broker nearly what one for a batch does.
+        refill_at = max(1, min(cfg.receive_batch_size, capacity) // 2)
         while True:
             self._slot_free.clear()
             free = capacity - len(self._holds)
-            if free <= 0:
+            if free < refill_at:
                 await self._slot_free.wait()
                 continue
             sent_ms = monotonic_ms()
@@ -177,6 +181,7 @@ class AsyncPushConsumer:
                 await asyncio.sleep(_retry_wait_s(failures))
                 continue
             failures = 0
+            self.stats.receive_calls += 1
             self.stats.received += len(messages)
             for m in messages:
                 self._start(m, sent_ms)
