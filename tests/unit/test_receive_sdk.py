@@ -45,6 +45,7 @@ Results = list[errors.TidemqError | None]
     [
         ({"max_concurrency": 0}, "max_concurrency must be > 0"),
         ({"receive_batch_size": -1}, "receive_batch_size must be > 0"),
+        ({"buffer_messages": -1}, "buffer_messages must be >= 0"),
         ({"invisible_duration_s": 0}, "invisible duration must be > 0"),
         ({"invisible_duration_s": -5.0}, "invisible duration must be > 0"),
         ({"invisible_duration_s": math.nan}, "invisible duration must be > 0"),
