@@ -345,6 +345,40 @@ def test_push_consumer_renews_a_buffered_message_so_it_is_delivered_once(
     assert consumer.stats.ack_errors == 0
 
 
+def test_push_consumer_close_gives_up_on_a_stuck_listener_after_shutdown_timeout(
+    cluster: Cluster,
+) -> None:
+    _topic(cluster, "stuck", "g-stuck", delays_s=[0.2])
+    _send(cluster, "stuck", ["stuck", "waiting"])
+    started = threading.Event()
+    release = threading.Event()
+
+    def listener(m: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
+        started.set()
+        release.wait(30)
+        return tidemq.ConsumeResult.SUCCESS
+
+    config = tidemq.PushConsumerConfig(
+        start_from="first", max_concurrency=1, buffer_messages=1, shutdown_timeout_ms=300
+    )
+    consumer = tidemq.PushConsumer(
+        "g-stuck", "stuck", listener, nameserver=cluster.address, config=config
+    )
+    try:
+        assert started.wait(20)
+        wait_until(lambda: consumer.buffered == 1, 20, "one message buffered")
+        began = time.monotonic()
+        consumer.close()
+        assert time.monotonic() - began < 5
+    finally:
+        release.set()  # the listener ends after close: its answer is dropped, nothing breaks
+    assert (consumer.stats.succeeded, consumer.stats.acked) == (0, 0)
+    with tidemq.Admin(cluster.address) as admin:
+        state = admin.receive_state("g-stuck", "stuck")
+    # Neither was acked: both come back to the group when their invisibility ends.
+    assert sum(q.inflight for q in state.queues) == 2
+
+
 def test_asyncio_simple_and_push_consumers(cluster: Cluster) -> None:
     _topic(cluster, "aio-r", "g-aio", delays_s=[0.2])
     _send(cluster, "aio-r", [f"m{i}" for i in range(6)], message_group="grp-1")

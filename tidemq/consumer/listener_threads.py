@@ -10,20 +10,25 @@ earlier answer is still waiting to be handed over, so a busy loop collects many 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-# An answer: the future waiting for it, and the listener's result or the exception it raised.
-_Answer = tuple["asyncio.Future[Any]", Any, "BaseException | None"]
-_Job = tuple[Callable[[Any], Any], Any, "asyncio.Future[Any]"]
+log = logging.getLogger(__name__)
+
+# Called on the event loop with the listener's result, or None and the exception it raised.
+Done = Callable[[Any, "BaseException | None"], None]
+_Answer = tuple[Done, Any, "BaseException | None"]
+_Job = tuple[Callable[[Any], Any], Any, Done]
 
 
 class ListenerThreads:
     """``await threads.run(listener, message)`` runs ``listener(message)`` on one of
-    ``count`` threads. Built and awaited on one event loop."""
+    ``count`` threads; ``submit`` does the same and calls ``done`` on the loop with the answer.
+    Used from one event loop."""
 
     def __init__(self, count: int, name: str = "tidemq-listener") -> None:
         if count <= 0:
@@ -42,17 +47,29 @@ class ListenerThreads:
         self._stopped = False
 
     async def run(self, listener: Callable[[Any], Any], message: Any) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(result: Any, error: BaseException | None) -> None:
+            if future.done():  # its coroutine was cancelled (close gave up on it)
+                return
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+        self.submit(listener, message, done)
+        return await future
+
+    def submit(self, listener: Callable[[Any], Any], message: Any, done: Done) -> None:
+        """Queues ``listener(message)``; called from the event loop that hears ``done``."""
         if self._stopped:
             raise RuntimeError("listener threads stopped")
-        loop = asyncio.get_running_loop()
         if not self._started:
-            self._loop = loop
+            self._loop = asyncio.get_running_loop()
             for t in self._threads:
                 t.start()
             self._started = True
-        future: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put((listener, message, future))
-        return await future
+        self._jobs.put((listener, message, done))
 
     def stop(self) -> None:
         """Threads end after the job they run; jobs not started are dropped (their awaiting
@@ -71,11 +88,11 @@ class ListenerThreads:
             job = self._jobs.get()
             if job is None:
                 return
-            listener, message, future = job
+            listener, message, done = job
             try:
-                answer: _Answer = (future, listener(message), None)
-            except BaseException as e:  # noqa: BLE001 - the awaiting coroutine judges it
-                answer = (future, None, e)
+                answer: _Answer = (done, listener(message), None)
+            except BaseException as e:  # noqa: BLE001 - the loop's side judges it
+                answer = (done, None, e)
             with self._lock:
                 self._answers.append(answer)
                 wake = not self._wake_pending
@@ -92,10 +109,8 @@ class ListenerThreads:
             answers = list(self._answers)
             self._answers.clear()
             self._wake_pending = False
-        for future, result, error in answers:
-            if future.done():  # its coroutine was cancelled (close gave up on it)
-                continue
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
+        for done, result, error in answers:
+            try:
+                done(result, error)
+            except Exception:  # one answer's handling never drops the others
+                log.exception("handling a listener's answer failed")

@@ -16,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,6 +108,11 @@ class AsyncPushConsumer:
         # Received messages waiting for a free listener, in the order they came.
         self._buffer: collections.deque[tuple[ReceivedMessage, Hold]] = collections.deque()
         self._running = 0  # listeners started and not finished
+        self._idle: asyncio.Event | None = None  # set while no listener runs
+        # PushConsumer's blocking listener and its threads: no asyncio task per message.
+        self._threads: ListenerThreads | None = None
+        self._sync_listener: Listener | None = None
+        self._gave_up = False  # close stopped waiting: late answers are dropped
         self._acks: AckBatcher | None = None
         self._receiving: asyncio.Task[None] | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -121,6 +127,8 @@ class AsyncPushConsumer:
         await start_membership(self._calls)
         cfg = self.config
         self._slot_free = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._acks = AckBatcher(
             self._calls.ack, cfg.ack_batch_max_messages, cfg.ack_linger_ms, self._acked
         )
@@ -197,12 +205,44 @@ class AsyncPushConsumer:
 
     def _launch(self, message: ReceivedMessage, hold: Hold) -> None:
         self._running += 1
-        task = asyncio.ensure_future(self._consume(message, hold))
+        assert self._idle is not None
+        self._idle.clear()
+        if self._threads is not None:
+            assert self._sync_listener is not None
+            self._threads.submit(
+                self._sync_listener, message, functools.partial(self._answered, message, hold)
+            )
+            return
+        self._track(self._consume(message, hold))
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._consuming.add(task)
         task.add_done_callback(self._consuming.discard)
 
+    def _answered(
+        self, message: ReceivedMessage, hold: Hold, result: Any, error: BaseException | None
+    ) -> None:
+        """A blocking listener's answer, on the loop."""
+        if self._gave_up:
+            return
+        if error is not None:
+            _log_listener_error(message, error)
+            result = ConsumeResult.FAILURE
+        outcome = consume_outcome(result)
+        self._listened(message, hold)
+        if outcome is ConsumeResult.SUCCESS and id(hold) not in self._renewals:
+            self.stats.succeeded += 1
+            assert self._acks is not None
+            self._acks.add(message)
+            return
+        self._track(self._settle(message, hold, outcome))
+
     async def _consume(self, message: ReceivedMessage, hold: Hold) -> None:
         outcome = await self._listen(message, hold)
+        await self._settle(message, hold, outcome)
+
+    async def _settle(self, message: ReceivedMessage, hold: Hold, outcome: ConsumeResult) -> None:
         await self._settled_renewal(hold)
         if outcome is ConsumeResult.SUCCESS:
             self.stats.succeeded += 1
@@ -238,13 +278,20 @@ class AsyncPushConsumer:
                 result = ConsumeResult.FAILURE
             return consume_outcome(result)
         finally:
-            self._running -= 1
-            hold.released = True
-            self._holds.pop(id(message), None)
-            if self._buffer:
-                self._launch(*self._buffer.popleft())
-            assert self._slot_free is not None
-            self._slot_free.set()
+            self._listened(message, hold)
+
+    def _listened(self, message: ReceivedMessage, hold: Hold) -> None:
+        """The listener is done with the message: its slot goes to the next buffered one."""
+        self._running -= 1
+        hold.released = True
+        self._holds.pop(id(message), None)
+        if self._buffer:
+            self._launch(*self._buffer.popleft())
+        elif self._running == 0:
+            assert self._idle is not None
+            self._idle.set()
+        assert self._slot_free is not None
+        self._slot_free.set()
 
     async def _settled_renewal(self, hold: Hold) -> None:
         # A renewal in flight replaces the handle; the ack must carry the new one.
@@ -311,24 +358,31 @@ class AsyncPushConsumer:
             await _cancel(self._receiving)
         # Buffered messages start as running ones finish: wait until none is left.
         deadline = monotonic_ms() + self.config.shutdown_timeout_ms
-        late: set[asyncio.Task[None]] = set()
-        while self._consuming:
-            left_s = max(0, deadline - monotonic_ms()) / 1000
-            _, late = await asyncio.wait(set(self._consuming), timeout=left_s)
-            if late:
+        while self._consuming or self._running:
+            left_ms = deadline - monotonic_ms()
+            if left_ms <= 0:
                 break
-        if late:
+            assert self._idle is not None
+            idle = asyncio.ensure_future(self._idle.wait())
+            await asyncio.wait(
+                {*self._consuming, idle},
+                timeout=left_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            await _cancel(idle)
+        if self._consuming or self._running:
             log.warning(
                 "closing with %d listeners still running and %d messages buffered after %d ms;"
                 " their messages will be delivered again",
-                len(late),
+                self._running,
                 len(self._buffer),
                 self.config.shutdown_timeout_ms,
             )
             for _, hold in self._buffer:
                 hold.released = True
             self._buffer.clear()  # before the cancels: a finishing listener starts the next
-            for task in late:
+            self._gave_up = True
+            for task in list(self._consuming):
                 await _cancel(task)
         if self._acks is not None:
             await self._acks.close()
@@ -339,10 +393,19 @@ class AsyncPushConsumer:
         await self._calls.close()
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _log_listener_error(message: ReceivedMessage, error: BaseException) -> None:
+    log.error(
+        "listener failed on %s (attempt %d)",
+        message.msg_id,
+        message.delivery_attempt,
+        exc_info=error,
+    )
 
 
 def _retry_wait_s(failures: int) -> float:
@@ -378,12 +441,9 @@ class PushConsumer:
         self._threads = ListenerThreads(config.max_concurrency)
         self._runner = LoopThread("tidemq-push-consumer")
 
-        async def run_listener(message: ReceivedMessage) -> Any:
-            return await self._threads.run(listener, message)
-
         try:
             self._core = self._runner.run(
-                self._make(group, subscriptions, run_listener, nameserver, config)
+                self._make(group, subscriptions, listener, self._threads, nameserver, config)
             )
         except BaseException:
             self._runner.stop()
@@ -397,13 +457,16 @@ class PushConsumer:
     async def _make(
         group: str,
         subscriptions: Mapping[str, str] | str,
-        listener: AsyncListener,
+        listener: Listener,
+        threads: ListenerThreads,
         nameserver: str | Sequence[str] | None,
         config: PushConsumerConfig,
     ) -> AsyncPushConsumer:
         core = AsyncPushConsumer(
             group, subscriptions, listener, nameserver=nameserver, config=config
         )
+        # The listener runs on the threads, its answers handled on the loop: no task each.
+        core._threads, core._sync_listener = threads, listener
         try:
             return await core.start()
         except BaseException:
