@@ -15,7 +15,7 @@ import tidemq
 from tidemq import errors
 from tidemq.admin import AsyncAdmin, ConsumerGroup, RetryPolicy
 from tidemq.admin.consumer_groups import DEFAULT_DELAYS_MS
-from tidemq.consumer import push, simple
+from tidemq.consumer import push, push_blocking, simple
 from tidemq.consumer.acks import AckBatcher, PendingAcks
 from tidemq.consumer.push import consume_outcome
 from tidemq.consumer.receive_calls import ReceiveCalls
@@ -468,7 +468,7 @@ def test_holds_are_checked_often_enough_for_short_and_long_durations() -> None:
 def test_the_receive_sdk_is_importable_from_tidemq() -> None:
     assert tidemq.SimpleConsumer is simple.SimpleConsumer
     assert tidemq.AsyncSimpleConsumer is simple.AsyncSimpleConsumer
-    assert tidemq.PushConsumer is push.PushConsumer
+    assert tidemq.PushConsumer is push_blocking.PushConsumer
     assert tidemq.AsyncPushConsumer is push.AsyncPushConsumer
     assert tidemq.ConsumeResult.SUCCESS is ConsumeResult.SUCCESS
     assert tidemq.PushConsumerConfig is PushConsumerConfig

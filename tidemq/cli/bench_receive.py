@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tidemq.consumer.push import PushConsumer
+from tidemq.consumer.push_blocking import PushConsumer
 from tidemq.consumer.receive_config import PushConsumerConfig, SimpleConsumerConfig
 from tidemq.consumer.simple import AsyncSimpleConsumer, SimpleConsumer
 from tidemq.types import ConsumeResult, ReceivedMessage
