@@ -11,8 +11,9 @@ messages). Per run, in this process (one consumer process), each on a new group 
 message of the topic from the first:
 1. ``consume``: the offset-based ``Consumer`` (``tidemq bench consume``'s loop);
 2. per mode of ``--modes``, ``tidemq bench receive``'s loop: ``simple`` (SimpleConsumer: receive
-   256, ack_many, repeat), ``async`` (AsyncSimpleConsumer, acks overlapping the next receive),
-   ``push`` (PushConsumer, a listener returning SUCCESS);
+   256, ack_many, repeat), ``async`` (AsyncSimpleConsumer, two receives in flight, acks
+   overlapping the next receive), ``push`` (PushConsumer, 64 listeners returning SUCCESS, 256
+   messages buffered ahead of them);
    the runs alternate which of 1 and 2 goes first; for each: msgs/s, the broker's CPU and this
    process's CPU per message over the measured part, and the group's receive state afterwards
    (``all_acked``: nothing in flight, every queue done);

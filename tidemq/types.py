@@ -127,14 +127,18 @@ class ReceivedMessage:
     def from_received(cls, r: Any, broker: str) -> ReceivedMessage:
         """From a ``ReceiveMessageResponse`` entry: the stored message and its delivery."""
         m = r.message
-        return cls(
+        # Built by filling the instance's __dict__: the frozen dataclass's __init__ sets each
+        # of its 19 fields through object.__setattr__, which was most of the SDK's cost per
+        # received message (5 us of about 8). Same fields, same values, same class.
+        obj = object.__new__(cls)
+        obj.__dict__.update(
             topic=m.topic,
             queue_id=m.queue_id,
             queue_offset=m.queue_offset,
             body=m.body,
             tag=m.tag or None,
-            keys=tuple(m.keys),
-            properties=dict(m.properties),
+            keys=tuple(m.keys) if m.keys else (),
+            properties=dict(m.properties) if m.properties else {},
             msg_id=m.msg_id,
             born_timestamp_ms=m.born_timestamp_ms,
             store_timestamp_ms=m.store_timestamp_ms,
@@ -148,6 +152,7 @@ class ReceivedMessage:
             message_group=r.message_group or None,
             invisible_until_ms=r.invisible_until_ms,
         )
+        return obj
 
     def renew(self, receipt_handle: str, invisible_until_ms: int) -> None:
         """The new handle of a changed invisibility (the old one stopped working). The rest of

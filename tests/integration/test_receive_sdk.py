@@ -234,7 +234,9 @@ def test_push_consumer_failures_end_in_the_dlq_after_max_delivery_attempts(
     assert d.properties["DLQ_DELIVERY_ATTEMPTS"] == "2"
 
 
-def test_push_consumer_runs_at_most_max_concurrency_listeners(cluster: Cluster) -> None:
+def test_push_consumer_runs_at_most_max_concurrency_listeners_and_buffers_at_most_buffer_messages(
+    cluster: Cluster,
+) -> None:
     _topic(cluster, "busy", "g-busy", delays_s=[0.2])
     _send(cluster, "busy", [f"m{i}" for i in range(12)])
     release = threading.Event()
@@ -255,16 +257,17 @@ def test_push_consumer_runs_at_most_max_concurrency_listeners(cluster: Cluster) 
         return tidemq.ConsumeResult.SUCCESS
 
     config = tidemq.PushConsumerConfig(
-        start_from="first", max_concurrency=3, invisible_duration_s=30.0
+        start_from="first", max_concurrency=3, buffer_messages=2, invisible_duration_s=30.0
     )
     with tidemq.PushConsumer(
         "g-busy", "busy", listener, nameserver=cluster.address, config=config
     ) as consumer:
         wait_until(lambda: running == 3, 20, "three listeners running")
+        wait_until(lambda: consumer.buffered == 2, 20, "two messages buffered")
         with tidemq.Admin(cluster.address) as admin:
-            # Only what runs is received: three in flight, the rest never looked at.
+            # Three running and two received ahead are in flight; the rest never looked at.
             state = admin.receive_state("g-busy", "busy")
-            assert sum(q.inflight for q in state.queues) == 3
+            assert sum(q.inflight for q in state.queues) == 5
         release.set()
         wait_until(lambda: consumer.stats.acked == 12, 30, "all twelve acked")
     assert most == 3
@@ -305,6 +308,75 @@ def test_push_consumer_renews_a_long_listener_and_close_flushes_its_ack(
         queues = admin.receive_state("g-slow", "slow").queues
     assert sum(q.inflight + q.retrying for q in queues) == 0
     assert all(q.done_offset == q.max_offset for q in queues)
+
+
+def test_push_consumer_renews_a_buffered_message_so_it_is_delivered_once(
+    cluster: Cluster,
+) -> None:
+    _topic(cluster, "queued", "g-queued", delays_s=[0.2])
+    _send(cluster, "queued", ["first", "second"])
+    deliveries: list[tuple[bytes, int]] = []
+    started = threading.Event()
+    finish = threading.Event()
+
+    def listener(m: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
+        deliveries.append((m.body, m.delivery_attempt))
+        started.set()
+        finish.wait(30)
+        return tidemq.ConsumeResult.SUCCESS
+
+    config = tidemq.PushConsumerConfig(
+        start_from="first", max_concurrency=1, buffer_messages=1, invisible_duration_s=1.5
+    )
+    consumer = tidemq.PushConsumer(
+        "g-queued", "queued", listener, nameserver=cluster.address, config=config
+    )
+    try:
+        assert started.wait(20)
+        wait_until(lambda: consumer.buffered == 1, 20, "one message buffered")
+        # Both held for over three invisible durations: the waiting one too is renewed.
+        wait_until(lambda: consumer.stats.renewed >= 6, 20, "three renewals each")
+        assert (consumer.running, consumer.buffered) == (1, 1)
+        finish.set()
+        wait_until(lambda: consumer.stats.acked == 2, 20, "both acked")
+    finally:
+        consumer.close()
+    assert sorted(deliveries) == [(b"first", 1), (b"second", 1)]
+    assert consumer.stats.ack_errors == 0
+
+
+def test_push_consumer_close_gives_up_on_a_stuck_listener_after_shutdown_timeout(
+    cluster: Cluster,
+) -> None:
+    _topic(cluster, "stuck", "g-stuck", delays_s=[0.2])
+    _send(cluster, "stuck", ["stuck", "waiting"])
+    started = threading.Event()
+    release = threading.Event()
+
+    def listener(m: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
+        started.set()
+        release.wait(30)
+        return tidemq.ConsumeResult.SUCCESS
+
+    config = tidemq.PushConsumerConfig(
+        start_from="first", max_concurrency=1, buffer_messages=1, shutdown_timeout_ms=300
+    )
+    consumer = tidemq.PushConsumer(
+        "g-stuck", "stuck", listener, nameserver=cluster.address, config=config
+    )
+    try:
+        assert started.wait(20)
+        wait_until(lambda: consumer.buffered == 1, 20, "one message buffered")
+        began = time.monotonic()
+        consumer.close()
+        assert time.monotonic() - began < 5
+    finally:
+        release.set()  # the listener ends after close: its answer is dropped, nothing breaks
+    assert (consumer.stats.succeeded, consumer.stats.acked) == (0, 0)
+    with tidemq.Admin(cluster.address) as admin:
+        state = admin.receive_state("g-stuck", "stuck")
+    # Neither was acked: both come back to the group when their invisibility ends.
+    assert sum(q.inflight for q in state.queues) == 2
 
 
 def test_asyncio_simple_and_push_consumers(cluster: Cluster) -> None:

@@ -5,6 +5,7 @@ message group property and the consumer-group admin values."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import grpc
@@ -14,7 +15,7 @@ import tidemq
 from tidemq import errors
 from tidemq.admin import AsyncAdmin, ConsumerGroup, RetryPolicy
 from tidemq.admin.consumer_groups import DEFAULT_DELAYS_MS
-from tidemq.consumer import push, simple
+from tidemq.consumer import push, push_blocking, simple
 from tidemq.consumer.acks import AckBatcher, PendingAcks
 from tidemq.consumer.push import consume_outcome
 from tidemq.consumer.receive_calls import ReceiveCalls
@@ -44,6 +45,7 @@ Results = list[errors.TidemqError | None]
     [
         ({"max_concurrency": 0}, "max_concurrency must be > 0"),
         ({"receive_batch_size": -1}, "receive_batch_size must be > 0"),
+        ({"buffer_messages": -1}, "buffer_messages must be >= 0"),
         ({"invisible_duration_s": 0}, "invisible duration must be > 0"),
         ({"invisible_duration_s": -5.0}, "invisible duration must be > 0"),
         ({"invisible_duration_s": math.nan}, "invisible duration must be > 0"),
@@ -288,6 +290,62 @@ def test_a_received_message_carries_its_delivery() -> None:
     assert m.as_dict()["delivery_attempt"] == 3
 
 
+def test_a_received_message_built_fast_is_the_same_frozen_value_as_one_built_field_by_field() -> (
+    None
+):
+    r = broker_pb2.ReceivedMessage(
+        message=common_pb2.StoredMessage(
+            topic="t",
+            queue_id=1,
+            queue_offset=5,
+            body=b"b",
+            tag="tg",
+            keys=["k1", "k2"],
+            properties={"p": "v"},
+            msg_id="M",
+            born_timestamp_ms=1,
+            store_timestamp_ms=2,
+            commitlog_offset=3,
+            born_host="h1",
+            store_host="h2",
+            reconsume_times=4,
+        ),
+        receipt_handle="H",
+        delivery_attempt=2,
+        invisible_until_ms=9,
+        message_group="g",
+    )
+    fast = ReceivedMessage.from_received(r, "b")
+    m = r.message
+    slow = ReceivedMessage(
+        topic="t",
+        queue_id=1,
+        queue_offset=5,
+        body=b"b",
+        tag="tg",
+        keys=("k1", "k2"),
+        properties={"p": "v"},
+        msg_id="M",
+        born_timestamp_ms=1,
+        store_timestamp_ms=2,
+        broker="b",
+        commitlog_offset=3,
+        born_host="h1",
+        store_host="h2",
+        reconsume_times=m.reconsume_times,
+        receipt_handle="H",
+        delivery_attempt=2,
+        message_group="g",
+        invisible_until_ms=9,
+    )
+    assert vars(fast) == vars(slow)
+    assert fast == slow
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.topic = "other"  # type: ignore[misc]
+    empty = ReceivedMessage.from_received(broker_pb2.ReceivedMessage(), "b")
+    assert (empty.keys, empty.properties, empty.tag, empty.message_group) == ((), {}, None, None)
+
+
 def test_a_new_handle_replaces_the_old_in_place_and_the_message_stays_equal() -> None:
     m = _received("t", "a", "old")
     twin = _received("t", "a", "old")
@@ -410,7 +468,7 @@ def test_holds_are_checked_often_enough_for_short_and_long_durations() -> None:
 def test_the_receive_sdk_is_importable_from_tidemq() -> None:
     assert tidemq.SimpleConsumer is simple.SimpleConsumer
     assert tidemq.AsyncSimpleConsumer is simple.AsyncSimpleConsumer
-    assert tidemq.PushConsumer is push.PushConsumer
+    assert tidemq.PushConsumer is push_blocking.PushConsumer
     assert tidemq.AsyncPushConsumer is push.AsyncPushConsumer
     assert tidemq.ConsumeResult.SUCCESS is ConsumeResult.SUCCESS
     assert tidemq.PushConsumerConfig is PushConsumerConfig

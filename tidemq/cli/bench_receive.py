@@ -5,8 +5,11 @@ run (``bench/receive_bench.py`` runs both against one broker, with the broker's 
 Modes, each one consumer process:
 
 - ``simple``: ``SimpleConsumer`` in a plain loop: receive a batch, ``ack_many`` it, repeat;
-- ``async``: ``AsyncSimpleConsumer``, the ack of one batch running while the next is received;
-- ``push``: ``PushConsumer`` with a listener that returns SUCCESS (the SDK acks in batches);
+- ``async``: ``AsyncSimpleConsumer`` with ``RECEIVES_IN_FLIGHT`` receive loops on one event
+  loop, each acking its batch without waiting for the answer before it receives the next one
+  (how to go fast: the broker always has a receive or an ack to work on);
+- ``push``: ``PushConsumer`` with a listener that returns SUCCESS (the SDK receives ahead of
+  its listeners and acks in batches);
 - ``hold``: receive with a long invisible time and never ack: what in-flight state costs.
 """
 
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tidemq.consumer.push import PushConsumer
+from tidemq.consumer.push_blocking import PushConsumer
 from tidemq.consumer.receive_config import PushConsumerConfig, SimpleConsumerConfig
 from tidemq.consumer.simple import AsyncSimpleConsumer, SimpleConsumer
 from tidemq.types import ConsumeResult, ReceivedMessage
@@ -27,11 +30,14 @@ from tidemq.types import ConsumeResult, ReceivedMessage
 MODES = ("simple", "async", "push", "hold")
 # A batch as large as a backlog allows (the SDK's default is 16; the broker's limit 1024).
 DEFAULT_BATCH = 256
-# Acks of earlier batches still unanswered while ``async`` receives the next one.
+# ``async``: receives in flight at once, and acks still unanswered while receiving.
+RECEIVES_IN_FLIGHT = 2
 ASYNC_ACKS_IN_FLIGHT = 2
 # How long a receive waits for messages before the bench decides the topic is drained.
 DRAINED_TIMEOUT_S = 5.0
 PUSH_CONCURRENCY = 64
+# Received ahead of free listeners, and asked for per receive call.
+PUSH_BUFFER = 256
 
 Progress = Callable[[int], None]
 Window = Callable[[str], None]
@@ -110,23 +116,32 @@ async def _async_loop(
     consumer: AsyncSimpleConsumer, messages: int, batch: int, invisible_s: float, bar: Progress
 ) -> _Tally:
     tally = _Tally()
-    pending: set[asyncio.Task[None]] = set()
+    asked = 0  # messages asked for by receives in flight or answered: never more than wanted
+    drained = False
 
     async def ack(got: list[ReceivedMessage]) -> None:
         tally.done(len(got), _count_errors(await consumer.ack_many(got)))
         bar(tally.completed)
 
-    while tally.received < messages:
-        want = min(batch, messages - tally.received)
-        got = await consumer.receive(want, invisible_s, timeout_s=DRAINED_TIMEOUT_S)
-        if not got:
-            break
-        tally.took(got)
-        pending.add(asyncio.create_task(ack(got)))
-        if len(pending) >= ASYNC_ACKS_IN_FLIGHT:
-            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        await task
+    async def receiving() -> None:
+        nonlocal asked, drained
+        pending: set[asyncio.Task[None]] = set()
+        while not drained and asked < messages:
+            want = min(batch, messages - asked)
+            asked += want
+            got = await consumer.receive(want, invisible_s, timeout_s=DRAINED_TIMEOUT_S)
+            asked -= want - len(got)
+            if not got:
+                drained = True
+                break
+            tally.took(got)
+            pending.add(asyncio.create_task(ack(got)))
+            if len(pending) >= ASYNC_ACKS_IN_FLIGHT:
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            await task
+
+    await asyncio.gather(*(receiving() for _ in range(RECEIVES_IN_FLIGHT)))
     return tally
 
 
@@ -172,7 +187,8 @@ def _push(
 
     config = PushConsumerConfig(
         max_concurrency=PUSH_CONCURRENCY,
-        receive_batch_size=PUSH_CONCURRENCY,
+        buffer_messages=PUSH_BUFFER,
+        receive_batch_size=PUSH_BUFFER,
         invisible_duration_s=invisible_s,
         start_from="first",
     )
@@ -190,6 +206,7 @@ def _push(
         # The acks still batched go out here: the run ends when they are answered.
         consumer.close()
     tally.errors = consumer.stats.ack_errors
+    tally.receive_calls = consumer.stats.receive_calls
     if tally.completed:
         tally.last = time.perf_counter()
     window("end")

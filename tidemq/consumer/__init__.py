@@ -32,7 +32,8 @@ batching), ``renewal`` (when a running message's invisibility is renewed), ``rec
 
 from tidemq.consumer.config import ConsumerConfig
 from tidemq.consumer.consumer import AsyncConsumer, Consumer
-from tidemq.consumer.push import AsyncPushConsumer, PushConsumer, PushStats
+from tidemq.consumer.push import AsyncPushConsumer, PushStats
+from tidemq.consumer.push_blocking import PushConsumer
 from tidemq.consumer.receive_config import PushConsumerConfig, SimpleConsumerConfig
 from tidemq.consumer.simple import AsyncSimpleConsumer, SimpleConsumer
 

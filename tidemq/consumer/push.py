@@ -1,30 +1,34 @@
-"""``PushConsumer`` and ``AsyncPushConsumer`` (RocketMQ 5's PushConsumer): the consumer
+"""``AsyncPushConsumer``, also the core of the blocking ``PushConsumer`` (``push_blocking``)
+(RocketMQ 5's PushConsumer): the consumer
 receives and calls a listener for each message; the listener answers ``ConsumeResult.SUCCESS``
 (the message is acked) or ``FAILURE`` (it is retried after the group's backoff). An exception,
 or any other answer, counts as FAILURE.
 
-At most ``max_concurrency`` listeners run at once, and the consumer receives only as many
-messages as it can start, so none waits in a buffer while its invisibility runs. A listener
-that runs long has its message's invisibility renewed (``renewal``). Acks are batched
-(``acks``). ``close`` stops receiving, lets the running listeners finish (up to
-``shutdown_timeout_ms``), and sends the acks still waiting.
+At most ``max_concurrency`` listeners run at once; the consumer keeps up to
+``buffer_messages`` more received ahead, so a listener that finishes starts the next message
+without waiting on a receive call. Every received message is held from its receipt: a
+buffered message or a listener that runs long has its invisibility renewed (``renewal``).
+Acks are batched (``acks``). ``close`` stops receiving, lets the running and buffered
+listeners finish (up to ``shutdown_timeout_ms``), and sends the acks still waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
 import contextlib
+import functools
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidemq._runtime import LoopThread, monotonic_ms
+from tidemq._runtime import monotonic_ms
 from tidemq.consumer.acks import AckBatcher
 from tidemq.consumer.config import default_client_id
+from tidemq.consumer.listener_threads import ListenerThreads
 from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_membership
 from tidemq.consumer.receive_config import (
     PushConsumerConfig,
@@ -56,6 +60,7 @@ class PushStats:
     """Counters since the consumer started."""
 
     received: int = 0
+    receive_calls: int = 0  # answered receive calls (with messages or not)
     succeeded: int = 0  # listener answered SUCCESS
     failed: int = 0  # FAILURE, an exception, or another answer
     acked: int = 0
@@ -101,6 +106,14 @@ class AsyncPushConsumer:
         self._consuming: set[asyncio.Task[None]] = set()
         self._renewals: dict[int, asyncio.Task[None]] = {}
         self._slot_free: asyncio.Event | None = None
+        # Received messages waiting for a free listener, in the order they came.
+        self._buffer: collections.deque[tuple[ReceivedMessage, Hold]] = collections.deque()
+        self._running = 0  # listeners started and not finished
+        self._idle: asyncio.Event | None = None  # set while no listener runs
+        # PushConsumer's blocking listener and its threads: no asyncio task per message.
+        self._threads: ListenerThreads | None = None
+        self._sync_listener: Listener | None = None
+        self._gave_up = False  # close stopped waiting: late answers are dropped
         self._acks: AckBatcher | None = None
         self._receiving: asyncio.Task[None] | None = None
         self._background: list[asyncio.Task[None]] = []
@@ -115,6 +128,8 @@ class AsyncPushConsumer:
         await start_membership(self._calls)
         cfg = self.config
         self._slot_free = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._acks = AckBatcher(
             self._calls.ack, cfg.ack_batch_max_messages, cfg.ack_linger_ms, self._acked
         )
@@ -136,17 +151,26 @@ class AsyncPushConsumer:
     @property
     def running(self) -> int:
         """Listeners running now."""
-        return len(self._holds)
+        return self._running
+
+    @property
+    def buffered(self) -> int:
+        """Messages received and waiting for a free listener."""
+        return len(self._holds) - self._running
 
     # ------------------------------------------------------------------ receiving
     async def _receive_loop(self) -> None:
         cfg = self.config
         assert self._slot_free is not None
         failures = 0
+        capacity = cfg.max_concurrency + cfg.buffer_messages
+        # Receive again once half a batch fits, not at each finished listener: a receive for a
+        # message or two costs the broker nearly what one for a batch does.
+        refill_at = max(1, min(cfg.receive_batch_size, capacity) // 2)
         while True:
             self._slot_free.clear()
-            free = cfg.max_concurrency - len(self._holds)
-            if free <= 0:
+            free = capacity - len(self._holds)
+            if free < refill_at:
                 await self._slot_free.wait()
                 continue
             sent_ms = monotonic_ms()
@@ -166,34 +190,60 @@ class AsyncPushConsumer:
                 await asyncio.sleep(_retry_wait_s(failures))
                 continue
             failures = 0
+            self.stats.receive_calls += 1
             self.stats.received += len(messages)
             for m in messages:
                 self._start(m, sent_ms)
 
     def _start(self, message: ReceivedMessage, sent_ms: int) -> None:
+        # Held (and renewed when needed) from receipt, whether it runs now or waits.
         hold = Hold(started_ms=monotonic_ms(), deadline_ms=sent_ms + self._invisible_ms)
         self._holds[id(message)] = (message, hold)
-        task = asyncio.ensure_future(self._consume(message, hold))
+        if self._running < self.config.max_concurrency:
+            self._launch(message, hold)
+        else:
+            self._buffer.append((message, hold))
+
+    def _launch(self, message: ReceivedMessage, hold: Hold) -> None:
+        self._running += 1
+        assert self._idle is not None
+        self._idle.clear()
+        if self._threads is not None:
+            assert self._sync_listener is not None
+            self._threads.submit(
+                self._sync_listener, message, functools.partial(self._answered, message, hold)
+            )
+            return
+        self._track(self._consume(message, hold))
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._consuming.add(task)
         task.add_done_callback(self._consuming.discard)
 
+    def _answered(
+        self, message: ReceivedMessage, hold: Hold, result: Any, error: BaseException | None
+    ) -> None:
+        """A blocking listener's answer, on the loop."""
+        if self._gave_up:
+            return
+        if error is not None:
+            _log_listener_error(message, error)
+            result = ConsumeResult.FAILURE
+        outcome = consume_outcome(result)
+        self._listened(message, hold)
+        if outcome is ConsumeResult.SUCCESS and id(hold) not in self._renewals:
+            self.stats.succeeded += 1
+            assert self._acks is not None
+            self._acks.add(message)
+            return
+        self._track(self._settle(message, hold, outcome))
+
     async def _consume(self, message: ReceivedMessage, hold: Hold) -> None:
-        try:
-            try:
-                result = self._listener(message)
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception:
-                log.exception(
-                    "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt
-                )
-                result = ConsumeResult.FAILURE
-            outcome = consume_outcome(result)
-        finally:
-            hold.released = True
-            self._holds.pop(id(message), None)
-            assert self._slot_free is not None
-            self._slot_free.set()
+        outcome = await self._listen(message, hold)
+        await self._settle(message, hold, outcome)
+
+    async def _settle(self, message: ReceivedMessage, hold: Hold, outcome: ConsumeResult) -> None:
         await self._settled_renewal(hold)
         if outcome is ConsumeResult.SUCCESS:
             self.stats.succeeded += 1
@@ -213,6 +263,36 @@ class AsyncPushConsumer:
             # The message comes back anyway when its invisibility ends.
             self.last_error = error
             log.warning("nack of %s failed: %s", message.msg_id, error)
+
+    async def _listen(self, message: ReceivedMessage, hold: Hold) -> ConsumeResult:
+        """Runs the listener; what its answer means. The next buffered message takes over
+        the listener slot when it is done."""
+        try:
+            try:
+                result = self._listener(message)
+                if inspect.isawaitable(result):
+                    result = await result
+            except Exception:
+                log.exception(
+                    "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt
+                )
+                result = ConsumeResult.FAILURE
+            return consume_outcome(result)
+        finally:
+            self._listened(message, hold)
+
+    def _listened(self, message: ReceivedMessage, hold: Hold) -> None:
+        """The listener is done with the message: its slot goes to the next buffered one."""
+        self._running -= 1
+        hold.released = True
+        self._holds.pop(id(message), None)
+        if self._buffer:
+            self._launch(*self._buffer.popleft())
+        elif self._running == 0:
+            assert self._idle is not None
+            self._idle.set()
+        assert self._slot_free is not None
+        self._slot_free.set()
 
     async def _settled_renewal(self, hold: Hold) -> None:
         # A renewal in flight replaces the handle; the ack must carry the new one.
@@ -267,7 +347,8 @@ class AsyncPushConsumer:
 
     # ------------------------------------------------------------------ closing
     async def close(self) -> None:
-        """Stops receiving, waits for running listeners (up to ``shutdown_timeout_ms``), sends
+        """Stops receiving, waits for running and buffered listeners (up to
+        ``shutdown_timeout_ms``), sends
         the waiting acks, leaves the group."""
         if self._closed:
             return
@@ -276,19 +357,34 @@ class AsyncPushConsumer:
             # A receive cut short here may have been granted messages: they come back to the
             # group when their invisible duration ends.
             await _cancel(self._receiving)
-        if self._consuming:
-            _, late = await asyncio.wait(
-                set(self._consuming), timeout=self.config.shutdown_timeout_ms / 1000
+        # Buffered messages start as running ones finish: wait until none is left.
+        deadline = monotonic_ms() + self.config.shutdown_timeout_ms
+        while self._consuming or self._running:
+            left_ms = deadline - monotonic_ms()
+            if left_ms <= 0:
+                break
+            assert self._idle is not None
+            idle = asyncio.ensure_future(self._idle.wait())
+            await asyncio.wait(
+                {*self._consuming, idle},
+                timeout=left_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
             )
-            if late:
-                log.warning(
-                    "closing with %d listeners still running after %d ms; their messages will"
-                    " be delivered again",
-                    len(late),
-                    self.config.shutdown_timeout_ms,
-                )
-                for task in late:
-                    await _cancel(task)
+            await _cancel(idle)
+        if self._consuming or self._running:
+            log.warning(
+                "closing with %d listeners still running and %d messages buffered after %d ms;"
+                " their messages will be delivered again",
+                self._running,
+                len(self._buffer),
+                self.config.shutdown_timeout_ms,
+            )
+            for _, hold in self._buffer:
+                hold.released = True
+            self._buffer.clear()  # before the cancels: a finishing listener starts the next
+            self._gave_up = True
+            for task in list(self._consuming):
+                await _cancel(task)
         if self._acks is not None:
             await self._acks.close()
         for task in [*self._background, *self._renewals.values()]:
@@ -298,102 +394,22 @@ class AsyncPushConsumer:
         await self._calls.close()
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _log_listener_error(message: ReceivedMessage, error: BaseException) -> None:
+    log.error(
+        "listener failed on %s (attempt %d)",
+        message.msg_id,
+        message.delivery_attempt,
+        exc_info=error,
+    )
 
 
 def _retry_wait_s(failures: int) -> float:
     """The waits of the SDK's retry policy (``_runtime.backoff``: 50 ms doubling to 1 s, plus
     up to 50 ms of jitter) after the n-th failure in a row."""
     return min(0.05 * 2.0 ** (failures - 1), 1.0) + random.uniform(0, 0.05)
-
-
-class PushConsumer:
-    """The blocking PushConsumer: ``listener`` is a plain function, run on a pool of
-    ``max_concurrency`` threads::
-
-        def handle(message: tidemq.ReceivedMessage) -> tidemq.ConsumeResult:
-            ...
-            return tidemq.ConsumeResult.SUCCESS
-
-        with tidemq.PushConsumer("billing", "orders", handle):
-            wait_for_shutdown()
-    """
-
-    def __init__(
-        self,
-        group: str,
-        subscriptions: Mapping[str, str] | str,
-        listener: Listener,
-        *,
-        nameserver: str | Sequence[str] | None = None,
-        config: PushConsumerConfig | None = None,
-    ) -> None:
-        if not callable(listener):
-            raise TypeError("listener must be callable")
-        config = config or PushConsumerConfig()
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            config.max_concurrency, thread_name_prefix="tidemq-listener"
-        )
-        self._runner = LoopThread("tidemq-push-consumer")
-
-        async def run_listener(message: ReceivedMessage) -> Any:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._pool, listener, message)
-
-        try:
-            self._core = self._runner.run(
-                self._make(group, subscriptions, run_listener, nameserver, config)
-            )
-        except BaseException:
-            self._runner.stop()
-            self._pool.shutdown(wait=False)
-            raise
-        self.config = self._core.config
-        self.group = group
-        self.client_id = self._core.client_id
-
-    @staticmethod
-    async def _make(
-        group: str,
-        subscriptions: Mapping[str, str] | str,
-        listener: AsyncListener,
-        nameserver: str | Sequence[str] | None,
-        config: PushConsumerConfig,
-    ) -> AsyncPushConsumer:
-        core = AsyncPushConsumer(
-            group, subscriptions, listener, nameserver=nameserver, config=config
-        )
-        try:
-            return await core.start()
-        except BaseException:
-            await core.close()
-            raise
-
-    def start(self) -> PushConsumer:
-        """The constructor has started it already (as ``Consumer``); for code written against
-        RocketMQ's clients and the asyncio version, which start explicitly."""
-        return self
-
-    def __enter__(self) -> PushConsumer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def stats(self) -> PushStats:
-        return self._core.stats
-
-    @property
-    def last_error(self) -> TidemqError | None:
-        return self._core.last_error
-
-    def close(self) -> None:
-        try:
-            self._runner.finish(self._core.close)
-        finally:
-            # Listeners still running after shutdown_timeout_ms are left to finish on their own.
-            self._pool.shutdown(wait=False, cancel_futures=True)

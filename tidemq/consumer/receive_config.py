@@ -31,11 +31,14 @@ class SimpleConsumerConfig:
 @dataclass(frozen=True)
 class PushConsumerConfig:
     start_from: str | int = "last"
-    # Listeners running at once (messages being consumed); the consumer receives only what
-    # it can start, so no received message waits in a buffer while its invisibility runs.
+    # Listeners running at once (messages being consumed).
     max_concurrency: int = 16
-    # Messages asked for per receive call (fewer when fewer listeners are free).
-    receive_batch_size: int = 32
+    # Messages received ahead of a free listener, so listeners never wait on a receive call.
+    # A buffered message's invisibility runs from its receipt and is renewed like a running
+    # listener's (consume_timeout_ms counts from receipt too); 0: receive only what can start.
+    buffer_messages: int = 64
+    # Messages asked for per receive call (fewer when the listeners and buffer are nearly full).
+    receive_batch_size: int = 64
     invisible_duration_s: float = 30.0
     # Renew the invisibility of a message whose listener is still running, a third of
     # invisible_duration_s before it ends; for at most consume_timeout_ms (RocketMQ's
@@ -43,7 +46,7 @@ class PushConsumerConfig:
     auto_renew: bool = True
     consume_timeout_ms: int = 900_000
     # Acks are sent in batches: when this many are waiting, or ack_linger_ms after the first.
-    ack_batch_max_messages: int = 64
+    ack_batch_max_messages: int = 256
     ack_linger_ms: int = 20
     long_poll_ms: int = 20_000
     heartbeat_interval_ms: int = 10_000
@@ -64,7 +67,7 @@ class PushConsumerConfig:
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
-        for name in ("ack_linger_ms", "shutdown_timeout_ms"):
+        for name in ("buffer_messages", "ack_linger_ms", "shutdown_timeout_ms"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         if self.long_poll_ms == 0:
