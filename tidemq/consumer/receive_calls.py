@@ -23,6 +23,7 @@ from tidemq.errors import (
     BrokerUnavailableError,
     ConsumeModelMismatch,
     MessageAlreadyAcked,
+    ReceiptHandleExpired,
     RouteNotFoundError,
     TidemqError,
     from_rpc_error,
@@ -236,17 +237,15 @@ class ReceiveCalls:
         )
         resp, retried = await self.to_master(topic, broker, "AckMessage", request)
         results = per_handle(resp.results, handles, f"broker group {broker}")
-        if retried:
-            # An earlier attempt that timed out may have been applied: its ack stands.
-            results = [None if isinstance(e, MessageAlreadyAcked) else e for e in results]
-        return results
+        return settled_after_retry(results, ack=True) if retried else results
 
     async def nack(self, topic: str, broker: str, handles: list[str]) -> list[TidemqError | None]:
         request = broker_pb2.NackMessageRequest(
             group=self.group, topic=topic, receipt_handles=handles
         )
-        resp, _ = await self.to_master(topic, broker, "NackMessage", request)
-        return per_handle(resp.results, handles, f"broker group {broker}")
+        resp, retried = await self.to_master(topic, broker, "NackMessage", request)
+        results = per_handle(resp.results, handles, f"broker group {broker}")
+        return settled_after_retry(results, ack=False) if retried else results
 
     async def change_invisible_duration(self, message: ReceivedMessage, invisible_ms: int) -> None:
         request = broker_pb2.ChangeInvisibleDurationRequest(
@@ -330,3 +329,13 @@ async def heartbeat_loop(calls: ReceiveCalls, interval_ms: int) -> None:
             errors = [e]
         for error in errors:
             log.warning("heartbeat of %s failed: %s", calls.group, error)
+
+
+def settled_after_retry(
+    results: list[TidemqError | None], *, ack: bool
+) -> list[TidemqError | None]:
+    """Per-handle results of a call that was retried: an earlier attempt that timed out (or
+    crossed a failover) may have been applied, and what it did stands. For an ack that shows
+    as MESSAGE_ALREADY_ACKED; for a nack as an expired handle (the first try released it)."""
+    done = MessageAlreadyAcked if ack else ReceiptHandleExpired
+    return [None if isinstance(e, done) else e for e in results]
