@@ -9,7 +9,8 @@ At most ``max_concurrency`` listeners run at once; the consumer keeps up to
 without waiting on a receive call. Every received message is held from its receipt: a
 buffered message or a listener that runs long has its invisibility renewed (``renewal``).
 Acks are batched (``acks``). ``close`` stops receiving, lets the running and buffered
-listeners finish (up to ``shutdown_timeout_ms``), and sends the acks still waiting.
+listeners finish (up to ``shutdown_timeout_ms``), and sends the acks still waiting. What a
+listener's answer means, and the counters, are in ``push_listening``.
 """
 
 from __future__ import annotations
@@ -21,14 +22,20 @@ import functools
 import inspect
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from tidemq._runtime import monotonic_ms
 from tidemq.consumer.acks import AckBatcher
 from tidemq.consumer.config import default_client_id
 from tidemq.consumer.listener_threads import ListenerThreads
+from tidemq.consumer.push_listening import (
+    AsyncListener,
+    Listener,
+    PushStats,
+    consume_outcome,
+    log_listener_error,
+)
 from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_membership
 from tidemq.consumer.receive_config import (
     PushConsumerConfig,
@@ -40,33 +47,15 @@ from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
 from tidemq.errors import ClientClosedError, TidemqError
 from tidemq.types import ConsumeResult, ReceivedMessage
 
+__all__ = [
+    "AsyncListener",
+    "AsyncPushConsumer",
+    "Listener",
+    "PushStats",
+    "consume_outcome",
+]
+
 log = logging.getLogger(__name__)
-
-AsyncListener = Callable[[ReceivedMessage], Awaitable[Any] | Any]
-Listener = Callable[[ReceivedMessage], Any]
-
-
-def consume_outcome(result: object) -> ConsumeResult:
-    """What a listener's answer means: SUCCESS only when it said so."""
-    if result is ConsumeResult.SUCCESS:
-        return ConsumeResult.SUCCESS
-    if result is not ConsumeResult.FAILURE:
-        log.warning("listener answered %r, not a ConsumeResult: counted as FAILURE", result)
-    return ConsumeResult.FAILURE
-
-
-@dataclass
-class PushStats:
-    """Counters since the consumer started."""
-
-    received: int = 0
-    receive_calls: int = 0  # answered receive calls (with messages or not)
-    succeeded: int = 0  # listener answered SUCCESS
-    failed: int = 0  # FAILURE, an exception, or another answer
-    acked: int = 0
-    ack_errors: int = 0  # the ack did not take (the message comes back)
-    nacked: int = 0
-    renewed: int = 0
 
 
 class AsyncPushConsumer:
@@ -228,7 +217,7 @@ class AsyncPushConsumer:
         if self._gave_up:
             return
         if error is not None:
-            _log_listener_error(message, error)
+            log_listener_error(message, error)
             result = ConsumeResult.FAILURE
         outcome = consume_outcome(result)
         self._listened(message, hold)
@@ -398,15 +387,6 @@ async def _cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-
-
-def _log_listener_error(message: ReceivedMessage, error: BaseException) -> None:
-    log.error(
-        "listener failed on %s (attempt %d)",
-        message.msg_id,
-        message.delivery_attempt,
-        exc_info=error,
-    )
 
 
 def _retry_wait_s(failures: int) -> float:
