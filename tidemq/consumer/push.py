@@ -40,7 +40,6 @@ from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_me
 from tidemq.consumer.receive_config import (
     PushConsumerConfig,
     invisible_ms,
-    start_from_text,
     subscriptions_of,
 )
 from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
@@ -79,14 +78,8 @@ class AsyncPushConsumer:
         self.subscriptions = subscriptions_of(subscriptions)
         self.client_id = self.config.client_id or default_client_id()
         self._listener = listener
-        self._calls = ReceiveCalls(
-            nameserver,
-            group=group,
-            subscriptions=self.subscriptions,
-            client_id=self.client_id,
-            start_from=start_from_text(self.config.start_from),
-            request_timeout_ms=self.config.request_timeout_ms,
-            route_refresh_ms=self.config.route_refresh_ms,
+        self._calls = ReceiveCalls.for_consumer(
+            nameserver, group, self.subscriptions, self.client_id, self.config
         )
         self._invisible_ms = invisible_ms(self.config.invisible_duration_s)
         self.stats = PushStats()

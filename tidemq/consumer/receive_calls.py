@@ -18,6 +18,11 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 
 from tidemq._runtime import Channels, backoff, nameserver_addresses
+from tidemq.consumer.receive_config import (
+    PushConsumerConfig,
+    SimpleConsumerConfig,
+    start_from_text,
+)
 from tidemq.consumer.settling import per_handle
 from tidemq.errors import (
     BrokerUnavailableError,
@@ -48,6 +53,26 @@ class Target:
 
 
 class ReceiveCalls:
+    @classmethod
+    def for_consumer(
+        cls,
+        nameserver: str | Sequence[str] | None,
+        group: str,
+        subscriptions: dict[str, str],
+        client_id: str,
+        config: SimpleConsumerConfig | PushConsumerConfig,
+    ) -> ReceiveCalls:
+        """The calls of a simple or push consumer, from the settings both kinds share."""
+        return cls(
+            nameserver,
+            group=group,
+            subscriptions=subscriptions,
+            client_id=client_id,
+            start_from=start_from_text(config.start_from),
+            request_timeout_ms=config.request_timeout_ms,
+            route_refresh_ms=config.route_refresh_ms,
+        )
+
     def __init__(
         self,
         nameserver: str | Sequence[str] | None,

@@ -21,7 +21,6 @@ from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_me
 from tidemq.consumer.receive_config import (
     SimpleConsumerConfig,
     invisible_ms,
-    start_from_text,
     subscriptions_of,
 )
 from tidemq.consumer.settling import check_handle, settle_many
@@ -44,14 +43,8 @@ class AsyncSimpleConsumer:
         self.group = group
         self.subscriptions = subscriptions_of(subscriptions)
         self.client_id = self.config.client_id or default_client_id()
-        self._calls = ReceiveCalls(
-            nameserver,
-            group=group,
-            subscriptions=self.subscriptions,
-            client_id=self.client_id,
-            start_from=start_from_text(self.config.start_from),
-            request_timeout_ms=self.config.request_timeout_ms,
-            route_refresh_ms=self.config.route_refresh_ms,
+        self._calls = ReceiveCalls.for_consumer(
+            nameserver, group, self.subscriptions, self.client_id, self.config
         )
         self._heartbeats: asyncio.Task[None] | None = None
         self._started = False
