@@ -254,7 +254,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     u.add_argument("--json", action="store_true")
     u.set_defaults(func=cmd_update, fifo=None, consume_enabled=None)
 
-    rm = cgsub.add_parser("delete", help="forget a consumer group's settings and progress")
+    rm = cgsub.add_parser(
+        "delete",
+        help="forget a consumer group's settings and model (its offsets and in-flight "
+        "state stay)",
+    )
     rm.add_argument("group")
     rm.set_defaults(func=cmd_delete)
     for p in (ls, d, u, rm):
