@@ -256,8 +256,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
     rm = cgsub.add_parser(
         "delete",
-        help="forget a consumer group's settings and model (its offsets and in-flight "
-        "state stay)",
+        help="forget a consumer group's settings and model (its offsets and in-flight state stay)",
     )
     rm.add_argument("group")
     rm.set_defaults(func=cmd_delete)
