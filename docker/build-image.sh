@@ -24,6 +24,10 @@ if [ "${1:-}" != --tidemq-only ]; then
   podman build -q --format docker --label io.tidemq.build=1 --build-arg "BASE_IMAGE=$BASE_OS_IMAGE" \
     -t "$ZOOKEEPER_IMAGE" "$TIDEMQ_DIR/docker/zookeeper" >/dev/null
 fi
-# Earlier builds of these images that no tag points at any more (only ours: the label).
-podman image prune -f --filter label=io.tidemq.build=1 >/dev/null
+# Earlier builds of these images that no tag points at any more (only ours: the label). Only
+# housekeeping: an image an interrupted build's working container still uses stays, and the
+# images just built are ready all the same.
+if ! podman image prune -f --filter label=io.tidemq.build=1 >/dev/null 2>&1; then
+  log "kept earlier builds still in use (an interrupted build's working container)"
+fi
 log "images ready: $TIDEMQ_IMAGE $ZOOKEEPER_IMAGE"
