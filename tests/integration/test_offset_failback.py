@@ -10,6 +10,8 @@ whose wall clock is an hour ahead, below."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -144,6 +146,41 @@ def test_offsets_committed_on_the_slave_reach_the_returned_master_and_never_move
     assert not watch.backwards(), watch.backwards()
     assert watch.highest() == end
     a_restarted_consumer_resumes_after_everything_committed(nameserver, master)
+
+
+def committed_on(b: BrokerProcess, group: str) -> list[int | None]:
+    offsets: list[int | None] = []
+    for q in range(QUEUES):
+        r = b.stub().QueryConsumerOffset(
+            broker_pb2.QueryConsumerOffsetRequest(group=group, topic="orders", queue_id=q),
+            timeout=10,
+        )
+        offsets.append(int(r.offset) if r.found else None)
+    return offsets
+
+
+def test_a_commit_its_master_cannot_take_lands_on_the_slave_at_once(
+    start_broker: StartBroker, nameserver: NameServerProcess
+) -> None:
+    """The master hangs (SIGSTOP) just after a consumer read everything, before any read of
+    the consumer has failed there: the commit that times out on the master goes on to the
+    slave within the same ``commit()``, instead of being dropped until some later commit."""
+    master = start(start_broker, nameserver, "master")
+    create_topic(master)
+    slave = start_slave(start_broker, nameserver)
+    fill(master, "m", 10)
+    wait_until(lambda: max_offset(slave) == max_offset(master), 30, "the slave to hold it all")
+    config = {**FAST, "auto_commit": False, "long_poll_ms": 30_000}
+    with tidemq.Consumer(
+        nameserver.address, group="g", topic="orders", master_retry_ms=120_000, **config
+    ) as c:
+        consume(c, per_queue_at_least(10), 60)
+        os.kill(master.proc.pid, signal.SIGSTOP)
+        try:
+            c.commit()
+            assert committed_on(slave, "g") == [10] * QUEUES
+        finally:
+            os.kill(master.proc.pid, signal.SIGCONT)
 
 
 @pytest.fixture

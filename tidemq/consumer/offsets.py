@@ -9,15 +9,20 @@ import logging
 import os
 from collections.abc import Callable
 
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
+
 from tidemq.consumer.brokers import Brokers
 from tidemq.consumer.config import ConsumerConfig
 from tidemq.consumer.pulling import QueueState
-from tidemq.errors import TidemqError
+from tidemq.errors import BrokerUnavailableError, RequestTimeoutError, TidemqError
 from tidemq.local_offsets import LocalOffsetStore, queue_key
 from tidemq.protos import broker_pb2
 from tidemq.routes import MessageQueue
 
 log = logging.getLogger(__name__)
+
+# A master and a slave, then the master again if the slave failed too.
+COMMIT_ATTEMPTS = 3
 
 
 class Offsets:
@@ -54,13 +59,7 @@ class Offsets:
                 changed = True
                 continue
             try:
-                await self._brokers.broker_call(
-                    st.mq,
-                    "CommitOffset",
-                    broker_pb2.CommitOffsetRequest(
-                        group=self.group, topic=st.mq.topic, queue_id=st.mq.queue_id, offset=offset
-                    ),
-                )
+                await self._commit_one(st, offset)
             except TidemqError as e:
                 self._report(e)
                 log.warning("committing %s at %d failed: %s", st.mq, offset, e)
@@ -70,6 +69,22 @@ class Offsets:
             await asyncio.get_running_loop().run_in_executor(
                 None, self._local_store.save, dict(self._local_offsets)
             )
+
+    async def _commit_one(self, st: QueueState, offset: int) -> None:
+        """Commit at the broker ``st.mq`` is read from. A broker that cannot be reached is
+        isolated by the call that failed, so the next attempt goes to another member of the
+        group (a slave keeps the offset while the master is away): a consumer's last commit,
+        made while it closes, must not be lost because the master died a moment before."""
+        request = broker_pb2.CommitOffsetRequest(
+            group=self.group, topic=st.mq.topic, queue_id=st.mq.queue_id, offset=offset
+        )
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((BrokerUnavailableError, RequestTimeoutError)),
+            stop=stop_after_attempt(COMMIT_ATTEMPTS),
+            reraise=True,
+        ):
+            with attempt:
+                await self._brokers.broker_call(st.mq, "CommitOffset", request)
 
     async def initial(self, mq: MessageQueue) -> int:
         """Where the group reads ``mq`` from: its committed offset, else ``start_from``."""
