@@ -169,6 +169,31 @@ class BrokerStub:
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.SerializeToString,
                 response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.FromString,
                 _registered_method=True)
+        self.RecallMessage = channel.unary_unary(
+                '/tidemq.v1.Broker/RecallMessage',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.RecallMessageRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.RecallMessageResponse.FromString,
+                _registered_method=True)
+        self.ListDelayedMessages = channel.unary_unary(
+                '/tidemq.v1.Broker/ListDelayedMessages',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ListDelayedMessagesRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ListDelayedMessagesResponse.FromString,
+                _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/tidemq.v1.Broker/EndTransaction',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.WatchTransactionChecks = channel.unary_stream(
+                '/tidemq.v1.Broker/WatchTransactionChecks',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.WatchTransactionChecksRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.TransactionCheck.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/tidemq.v1.Broker/ListTransactions',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -356,6 +381,45 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RecallMessage(self, request, context):
+        """Production semantics (docs/production.md). Masters only.
+        Cancels a pending delayed message (RocketMQ 5's recall) by the handle its send returned.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDelayedMessages(self, request, context):
+        """Pending delayed messages, soonest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Commits or rolls back a transaction's half message (from the producer, or its answer to
+        a check).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTransactionChecks(self, request, context):
+        """A producer's stream of transaction checks for its group: the broker asks about half
+        messages left open longer than the check interval; the producer answers each with
+        EndTransaction (from_check = true). Open for as long as the producer runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """Open (unresolved) transactions on this broker.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -493,6 +557,31 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetReceiveState,
                     request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.FromString,
                     response_serializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.SerializeToString,
+            ),
+            'RecallMessage': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecallMessage,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.RecallMessageRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.RecallMessageResponse.SerializeToString,
+            ),
+            'ListDelayedMessages': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDelayedMessages,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ListDelayedMessagesRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ListDelayedMessagesResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.EndTransactionRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'WatchTransactionChecks': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTransactionChecks,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.WatchTransactionChecksRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.TransactionCheck.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.ListTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1224,6 +1313,141 @@ class Broker:
             '/tidemq.v1.Broker/GetReceiveState',
             tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.SerializeToString,
             tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecallMessage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/RecallMessage',
+            tidemq_dot_protos_dot_broker__pb2.RecallMessageRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.RecallMessageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDelayedMessages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/ListDelayedMessages',
+            tidemq_dot_protos_dot_broker__pb2.ListDelayedMessagesRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ListDelayedMessagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/EndTransaction',
+            tidemq_dot_protos_dot_broker__pb2.EndTransactionRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTransactionChecks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tidemq.v1.Broker/WatchTransactionChecks',
+            tidemq_dot_protos_dot_broker__pb2.WatchTransactionChecksRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.TransactionCheck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/ListTransactions',
+            tidemq_dot_protos_dot_broker__pb2.ListTransactionsRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

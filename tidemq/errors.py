@@ -128,6 +128,31 @@ class ConsumeDisabled(TidemqError):
     """An operator disabled consumption for the group."""
 
 
+class DelayTooLong(InvalidArgumentError):
+    """A delivery time further ahead than the broker's ``max_delay_ms``."""
+
+
+class DelayedMessageNotFound(NotFoundError):
+    """The delayed message is not pending: delivered already, recalled, or never sent here."""
+
+
+class TransactionNotFound(NotFoundError):
+    """The broker does not know this transaction (never begun on it, or long gone)."""
+
+
+class TransactionAlreadyResolved(TidemqError):
+    """The transaction was committed or rolled back already (by the producer or the checker)."""
+
+
+class SequenceGap(TidemqError):
+    """An idempotent send arrived before an earlier send of its producer and queue; retriable
+    while that earlier send may still arrive."""
+
+
+class ProducerFenced(TidemqError):
+    """Another producer with the same producer id and a newer epoch took over."""
+
+
 _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.INVALID_ARGUMENT: InvalidArgumentError,
     common_pb2.INVALID_TOPIC: InvalidArgumentError,
@@ -155,6 +180,12 @@ _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.MESSAGE_ALREADY_ACKED: MessageAlreadyAcked,
     common_pb2.CONSUME_MODEL_MISMATCH: ConsumeModelMismatch,
     common_pb2.CONSUME_DISABLED: ConsumeDisabled,
+    common_pb2.DELAY_TOO_LONG: DelayTooLong,
+    common_pb2.DELAYED_MESSAGE_NOT_FOUND: DelayedMessageNotFound,
+    common_pb2.TRANSACTION_NOT_FOUND: TransactionNotFound,
+    common_pb2.TRANSACTION_ALREADY_RESOLVED: TransactionAlreadyResolved,
+    common_pb2.SEQUENCE_GAP: SequenceGap,
+    common_pb2.PRODUCER_FENCED: ProducerFenced,
 }
 
 _BY_STATUS: dict[grpc.StatusCode, type[TidemqError]] = {
