@@ -18,6 +18,7 @@ from tidemq.services.broker.timer.events import (
     TIMER_TOPIC,
     Fired,
     Recalled,
+    TimerEvent,
     TimerEventFormatError,
     decode_timer_event,
     encode_timer_event,
@@ -208,7 +209,12 @@ def test_progress_says_what_is_pending_as_fired_and_recalled_events_arrive() -> 
 
 
 def test_progress_built_from_the_same_events_is_the_same_on_every_replica() -> None:
-    events = [Recalled(10, NOW + 5), Fired(NOW, 0), Recalled(20, NOW + 9), Fired(NOW + 6, 3)]
+    events: list[TimerEvent] = [
+        Recalled(10, NOW + 5),
+        Fired(NOW, 0),
+        Recalled(20, NOW + 9),
+        Fired(NOW + 6, 3),
+    ]
     a, b = TimerProgress(), TimerProgress()
     for ev in events:
         a.apply(ev)

@@ -50,6 +50,7 @@ class TimerWheel:
         self._heads = array("q", [_NONE]) * self.slots
         self._counts = array("q", [0]) * self.slots
         self._min_due = array("q", [_NO_DUE]) * self.slots
+        self._min_seq = array("q", [_NO_DUE]) * self.slots
         self._chained = 0
         self._entries = 0  # entries in the log, written or buffered
         self._buffer = bytearray()
@@ -84,6 +85,7 @@ class TimerWheel:
         self._counts[s] += 1
         self._chained += 1
         self._min_due[s] = min(self._min_due[s], due_ms)
+        self._min_seq[s] = min(self._min_seq[s], seq)
         if len(self._buffer) >= _WRITE_BATCH * ENTRY_BYTES:
             self._flush()
 
@@ -105,6 +107,14 @@ class TimerWheel:
         if self._ready_pos < len(self._ready):
             due = min(due, self._ready[self._ready_pos][0])
         return None if due == _NO_DUE else due
+
+    def low_seq(self) -> int | None:
+        """The lowest seq pending (None: nothing pending): every seq below it that was added
+        has been popped. What the broker's Fired event and retention pin are built from."""
+        low = min(self._min_seq) if self._chained else _NO_DUE
+        for _due, seq, _id in self._ready[self._ready_pos :]:
+            low = min(low, seq)
+        return None if low == _NO_DUE else low
 
     def pop_due(self, now_ms: int, max_entries: int) -> list[Timer]:
         """Up to ``max_entries`` timers due at or before ``now_ms``, in (due, seq) order; each
@@ -161,6 +171,7 @@ class TimerWheel:
         self._heads[s] = _NONE
         self._counts[s] = 0
         self._min_due[s] = _NO_DUE
+        self._min_seq[s] = _NO_DUE
         for t in later:
             self._chain(*t)
         if due_now:
@@ -199,6 +210,7 @@ class TimerWheel:
         self._heads = array("q", [_NONE]) * self.slots
         self._counts = array("q", [0]) * self.slots
         self._min_due = array("q", [_NO_DUE]) * self.slots
+        self._min_seq = array("q", [_NO_DUE]) * self.slots
         self._chained = self._entries = self._buffer_start = 0
         try:
             for s in range(self.slots):
