@@ -15,11 +15,13 @@ from tests.waiting import wait_until
 from tidemq import TransactionResolution
 from tidemq.errors import InvalidArgumentError, TransactionAlreadyResolved, TransactionNotFound
 from tidemq.protos import broker_pb2
+from tidemq.services.broker.transactions.ids import TransactionId
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "payments"
 GROUP = "payments-producer"
+ROLLBACK = TransactionResolution.ROLLBACK
 FAST_CHECKS = (
     *("--transaction-timeout-ms", "300"),
     *("--transaction-check-interval-ms", "300"),
@@ -41,9 +43,8 @@ def test_commit_makes_each_message_visible_once_and_rollback_never(
         rolled = producer.begin_transaction()
         rolled.send(TOPIC, b"rolled-back")
         rolled.rollback()
-        with pytest.raises(RuntimeError), producer.begin_transaction() as failing:
-            failing.send(TOPIC, b"raised-inside")
-            raise RuntimeError("the local transaction failed")
+        with pytest.raises(RuntimeError):
+            _fail_inside(producer)
     assert bodies_in(nameserver.address, TOPIC) == {b"committed-1": 1, b"committed-2": 1}
 
 
@@ -130,29 +131,32 @@ def test_bad_ends_get_typed_errors_and_change_nothing(
         assert end(unknown).code() is grpc.StatusCode.NOT_FOUND
         assert bodies_in(nameserver.address, TOPIC) == {}  # nothing of that changed anything
         tx.commit()
-        with pytest.raises(TransactionAlreadyResolved):
-            tx2 = producer._core._transactions
-            producer._runner.run(tx2.end("broker-a", TOPIC, txid, TransactionResolution.ROLLBACK))
-        with pytest.raises(TransactionNotFound):
-            producer._runner.run(tx2.end("broker-a", TOPIC, unknown, TransactionResolution.COMMIT))
-        with pytest.raises(InvalidArgumentError):
-            producer._runner.run(tx2.end("broker-a", TOPIC, "x", TransactionResolution.COMMIT))
+        assert _end_error(producer, txid, ROLLBACK) is TransactionAlreadyResolved
+        assert _end_error(producer, unknown) is TransactionNotFound
+        assert _end_error(producer, "x") is InvalidArgumentError
     assert bodies_in(nameserver.address, TOPIC) == {b"still-open": 1}
 
 
-def _other_offset_id(txid: str) -> str:
-    from tidemq.services.broker.transactions.ids import TransactionId
+def _fail_inside(producer: tidemq.Producer) -> None:
+    with producer.begin_transaction() as failing:
+        failing.send(TOPIC, b"raised-inside")
+        raise RuntimeError("the local transaction failed")
 
+
+def _other_offset_id(txid: str) -> str:
     parsed = TransactionId.decode(txid)
     return TransactionId(parsed.broker_name, parsed.half_offset + 1_000_000).encode()
 
 
-def _end_error(producer: tidemq.Producer, transaction_id: str) -> type | None:
+def _end_error(
+    producer: tidemq.Producer,
+    transaction_id: str,
+    resolution: TransactionResolution = TransactionResolution.COMMIT,
+) -> type | None:
+    """The error class ending ``transaction_id`` answers (None: it ended it)."""
     sends = producer._core._transactions
     try:
-        producer._runner.run(
-            sends.end("broker-a", TOPIC, transaction_id, TransactionResolution.COMMIT)
-        )
+        producer._runner.run(sends.end("broker-a", TOPIC, transaction_id, resolution))
     except tidemq.TidemqError as e:
         return type(e)
     return None
