@@ -4,24 +4,29 @@ whose checker decides; bad ends get typed errors and change nothing."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
 import tidemq
-from tests.integration.conftest import NameServerProcess, StartBroker
+from tests.integration.conftest import NameServerProcess, StartBroker, free_port
 from tests.integration.receive_cluster import create_topic, routed_broker
+from tests.integration.receiving import scrape
 from tests.integration.transaction_helpers import ScriptedChecker, bodies_in
 from tests.waiting import wait_until
-from tidemq import TransactionResolution
+from tidemq import AsyncTransactionChecker, TransactionResolution
 from tidemq.errors import InvalidArgumentError, TransactionAlreadyResolved, TransactionNotFound
 from tidemq.protos import broker_pb2
 from tidemq.services.broker.transactions.ids import TransactionId
+from tidemq.types import ReceivedMessage
 
 pytestmark = pytest.mark.integration
 
 TOPIC = "payments"
 GROUP = "payments-producer"
 ROLLBACK = TransactionResolution.ROLLBACK
+OPEN = ("tidemq_transactions_open", ())
 FAST_CHECKS = (
     *("--transaction-timeout-ms", "300"),
     *("--transaction-check-interval-ms", "300"),
@@ -51,7 +56,8 @@ def test_commit_makes_each_message_visible_once_and_rollback_never(
 def test_unknown_outcome_is_checked_and_the_checker_decides(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    broker = routed_broker(start_broker, nameserver, *FAST_CHECKS)
+    metrics = f"127.0.0.1:{free_port()}"
+    broker = routed_broker(start_broker, nameserver, *FAST_CHECKS, "--metrics-listen", metrics)
     create_topic(nameserver, TOPIC, queues=1)
     checker = ScriptedChecker(TransactionResolution.UNKNOWN)
     with tidemq.Producer(nameserver.address, group=GROUP, transaction_checker=checker) as p:
@@ -68,6 +74,7 @@ def test_unknown_outcome_is_checked_and_the_checker_decides(
         assert listed.total == 2
         assert {t.topic for t in listed.transactions} == {TOPIC}
         assert all(t.checks >= 1 for t in listed.transactions)
+        assert scrape(metrics)[OPEN] == 2
         checker.answer = TransactionResolution.COMMIT
         wait_until(
             lambda: bodies_in(nameserver.address, TOPIC)[b"check-commits"] == 1, 20, "commit"
@@ -76,6 +83,45 @@ def test_unknown_outcome_is_checked_and_the_checker_decides(
     assert bodies_in(nameserver.address, TOPIC) == {b"check-commits": 1, b"check-rolls-back": 1}
     empty = broker.stub().ListTransactions(broker_pb2.ListTransactionsRequest())
     assert empty.total == 0
+    samples = scrape(metrics)
+    assert samples[OPEN] == 0
+    assert samples["tidemq_transaction_checks_total", ()] >= 4  # two each at least
+    by_check = (("by", "check"), ("resolution", "commit"))
+    assert samples["tidemq_transactions_resolved_total", by_check] == 2
+
+
+def test_async_producer_transactions_and_an_async_checker(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    routed_broker(start_broker, nameserver, *FAST_CHECKS)
+    create_topic(nameserver, TOPIC, queues=1)
+
+    class Rollback(AsyncTransactionChecker):
+        async def check(self, message: ReceivedMessage) -> TransactionResolution:
+            return TransactionResolution.ROLLBACK
+
+    async def run() -> None:
+        async with tidemq.AsyncProducer(
+            nameserver.address, group=GROUP, transaction_checker=Rollback()
+        ) as producer:
+            async with producer.begin_transaction() as tx:
+                await tx.send(TOPIC, b"async-committed")
+            left = producer.begin_transaction()
+            txid = (await left.send(TOPIC, b"async-left-open")).transaction_id
+            sends = producer._transactions
+            deadline = asyncio.get_running_loop().time() + 20
+            while True:  # until the check's rollback lands: the end then says so
+                try:
+                    await sends.end("broker-a", TOPIC, txid, ROLLBACK)
+                except TransactionAlreadyResolved:
+                    break
+                except tidemq.TidemqError:
+                    pass
+                assert asyncio.get_running_loop().time() < deadline, "no check rolled it back"
+                await asyncio.sleep(0.1)
+
+    asyncio.run(run())
+    assert bodies_in(nameserver.address, TOPIC) == {b"async-committed": 1}
 
 
 def test_a_transaction_nobody_answers_for_is_rolled_back_after_its_checks(

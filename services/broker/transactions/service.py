@@ -159,7 +159,7 @@ class TransactionService:
             )
         if resolution is None:
             return broker_pb2.EndTransactionResponse()  # the checker asks again later
-        put, committed = self._resolve(h, resolution, by_check=False)
+        put, committed = self._resolve(h, resolution, by_check=req.from_check)
         await self._durable(put)
         if committed is None:
             return broker_pb2.EndTransactionResponse()
