@@ -86,8 +86,8 @@ def test_unknown_outcome_is_checked_and_the_checker_decides(
     samples = scrape(metrics)
     assert samples[OPEN] == 0
     assert samples["tidemq_transaction_checks_total", ()] >= 4  # two each at least
-    by_check = (("by", "check"), ("resolution", "commit"))
-    assert samples["tidemq_transactions_resolved_total", by_check] == 2
+    answered = (("by", "producer"), ("resolution", "commit"))
+    assert samples["tidemq_transactions_resolved_total", answered] == 2
 
 
 def test_async_producer_transactions_and_an_async_checker(
