@@ -232,7 +232,8 @@ class TransactionService:
     def watch(self, req: Any, stop: asyncio.Event) -> AsyncIterator[Any]:
         if not req.producer_group:
             raise invalid("producer_group is required")
-        return self.streams.stream(req.producer_group, stop)
+        self.checks.ensure_master("send transaction checks")
+        return self.streams.stream(req.producer_group, stop, lambda: self.role.is_master)
 
     # ------------------------------------------------------------------ the checker
     async def check_round(self) -> None:
