@@ -49,9 +49,12 @@ class ByBody(TransactionChecker):
 
     def __init__(self) -> None:
         self.asked: Counter[bytes] = Counter()
+        self.unsure = False
 
     def check(self, message: ReceivedMessage) -> TransactionResolution:
         self.asked[message.body] += 1
+        if self.unsure:
+            return TransactionResolution.UNKNOWN
         if message.body.startswith(b"keep"):
             return TransactionResolution.COMMIT
         return TransactionResolution.ROLLBACK
@@ -148,13 +151,21 @@ def test_transactions_open_at_a_failover_are_ended_on_the_new_master_exactly_onc
     group: Group, start_nameserver: StartNameServer
 ) -> None:
     ns = group.routed(start_nameserver, TOPIC, 2, "--config-sync-interval-ms", "500", *FAST_CHECKS)
-    with tidemq.Producer(ns.address, group=GROUP, send_timeout_ms=30_000) as producer:
+    checker = ByBody()
+    checker.unsure = True  # answers UNKNOWN until after the failover
+    answering = tidemq.Producer(
+        ns.address, group=GROUP, transaction_checker=checker, transaction_topics=[TOPIC]
+    )
+    with answering, tidemq.Producer(ns.address, group=GROUP, send_timeout_ms=30_000) as producer:
         for i in range(10):
             with producer.begin_transaction() as tx:
                 tx.send(TOPIC, f"committed-{i}".encode())
         pending = [producer.begin_transaction() for _ in range(6)]
         for i, tx in enumerate(pending):
             tx.send(TOPIC, f"pending-{i}".encode())
+        for body in (b"keep-checked", b"drop-checked"):
+            producer.begin_transaction().send(TOPIC, body)  # left to the checker
+        wait_until(lambda: len(checker.asked) == 8, 20, "every open transaction checked")
         old = group.master()
         group.kill(old)
         new = group.master(not_id=old)
@@ -163,9 +174,13 @@ def test_transactions_open_at_a_failover_are_ended_on_the_new_master_exactly_onc
             tx.commit()
         for tx in pending[3:]:
             tx.rollback()
+        # The checking producer's stream moves to the new master, which checks what is left.
+        checker.unsure = False
         stub = group.brokers[new].stub()
-        assert open_count(stub) == 0
+        wait_until(lambda: open_count(stub) == 0, 30, "the checker's answers on the new master")
     expected = Counter(
-        [f"committed-{i}".encode() for i in range(10)] + [f"pending-{i}".encode() for i in range(3)]
+        [f"committed-{i}".encode() for i in range(10)]
+        + [f"pending-{i}".encode() for i in range(3)]
+        + [b"keep-checked"]
     )
     wait_until(lambda: bodies_in(ns.address, TOPIC) == expected, 20, "the committed messages")
