@@ -118,9 +118,9 @@ class TransactionalSends:
             broker,
             topic,
             r.commitlog_offset,
-            resp.epoch,
-            address,
-            r.transaction_id,
+            epoch=resp.epoch,
+            broker_address=address,
+            transaction_id=r.transaction_id,
         )
 
     async def end(
