@@ -209,6 +209,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="FIFO: messages a queue holds back behind blocked groups (10000)",
     )
     p.add_argument(
+        "--max-delay-ms",
+        type=int,
+        metavar="N",
+        help="delayed delivery: the furthest delivery time ahead a send may ask for (40 days)",
+    )
+    p.add_argument(
+        "--timer-tick-ms",
+        type=int,
+        metavar="N",
+        help="delayed delivery: the master fires due messages this often (100)",
+    )
+    p.add_argument(
         "--revive-interval-ms",
         type=int,
         metavar="N",
@@ -267,6 +279,8 @@ def run(args: argparse.Namespace) -> int:
         "receive_max_held_messages",
         "revive_interval_ms",
         "receive_snapshot_interval_ms",
+        "max_delay_ms",
+        "timer_tick_ms",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

@@ -105,6 +105,11 @@ class BrokerConfig:
     receive_max_held_messages: int = 10_000
     revive_interval_ms: int = 1_000
     receive_snapshot_interval_ms: int = 10_000
+    # Delayed delivery (docs/production.md): a send may ask for a delivery time at most
+    # max_delay_ms ahead (40 days; RocketMQ's default is 3); the master fires what is due every
+    # timer_tick_ms.
+    max_delay_ms: int = 40 * 86_400_000
+    timer_tick_ms: int = 100
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -150,6 +155,8 @@ class BrokerConfig:
             "receive_max_held_messages",
             "revive_interval_ms",
             "receive_snapshot_interval_ms",
+            "max_delay_ms",
+            "timer_tick_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")

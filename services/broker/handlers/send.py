@@ -21,9 +21,11 @@ from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
 from tidemq.services.broker.receive.dead_letter import client_may_send
+from tidemq.services.broker.timer.scheduling import Scheduling
 from tidemq.services.broker.topics import TopicConfig
 from tidemq.services.errors import invalid, system_topic
 from tidemq.storage import MessageStore, PutStatus
+from tidemq.storage.clock import now_ms
 from tidemq.storage.config import parse_host
 
 
@@ -35,6 +37,7 @@ class SendHandler:
         publish_topics: Callable[[], Awaitable[None]],
         replication: ReplicationServicer | None,
         metrics: BrokerMetrics | None,
+        timer: Scheduling | None = None,
     ) -> None:
         self.checks = checks
         self.config = checks.config
@@ -44,6 +47,7 @@ class SendHandler:
         self.publish_topics = publish_topics
         self.replication = replication
         self.metrics = metrics
+        self.timer = timer
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -66,7 +70,11 @@ class SendHandler:
                 cfg = configs[name] = await self._writable_topic(name)
             checks.check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
+        timer = self.timer
+        delayed = timer.prepare(request.messages, batch, now_ms()) if timer else None
         put = self.store.put_messages(batch)
+        if timer is not None and delayed:
+            timer.stored(delayed, put)
         work_done()  # what is left is waiting: the connection may run its next request
         if self.replication is not None:
             self.replication.notify_appended()
@@ -94,6 +102,8 @@ class SendHandler:
                 queue_offset=r.queue_offset,
                 commitlog_offset=r.phy_offset,
             )
+        if timer is not None and delayed:
+            timer.fill(delayed, response.results, put.results)
         return response
 
     async def _writable_topic(self, name: str) -> TopicConfig:
