@@ -7,9 +7,9 @@ import threading
 from dataclasses import dataclass, field
 
 import tidemq
+from tests.integration.conftest import BrokerProcess
 from tidemq.protos import broker_pb2
 from tidemq.types import ReceivedMessage
-from tests.integration.conftest import BrokerProcess
 
 
 @dataclass

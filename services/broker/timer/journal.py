@@ -29,7 +29,6 @@ from tidemq.services.broker.timer.events import (
     encode_timer_event,
 )
 from tidemq.services.broker.timer.progress import TimerProgress
-
 from tidemq.storage import Message, MessageStore, PutResult, StoredMessage
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 from tidemq.storage.record import TIMER_TOPIC

@@ -16,10 +16,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
-from tidemq.services.broker.timer.delay_levels import DelayTooLongError, due_ms
-from tidemq.services.broker.timer.recall_handle import RecallHandle
 
 from tidemq.protos import common_pb2
+from tidemq.services.broker.timer.delay_levels import DelayTooLongError, due_ms
+from tidemq.services.broker.timer.recall_handle import RecallHandle
 from tidemq.services.errors import ServiceError, invalid
 from tidemq.storage import Message
 from tidemq.storage.record import PROP_TIMER_DELIVER_MS, TIMER_TOPIC

@@ -23,16 +23,15 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import grpc
-from tidemq.services.broker.timer.events import Fired, Recalled
-from tidemq.services.broker.timer.recall_handle import InvalidRecallHandle, RecallHandle
-from tidemq.services.broker.timer.wheel import TimerWheel
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.timer.events import Fired, Recalled
 from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
+from tidemq.services.broker.timer.recall_handle import InvalidRecallHandle, RecallHandle
 from tidemq.services.broker.timer.scheduling import (
     REAL_QID,
     REAL_TOPIC,
@@ -40,6 +39,7 @@ from tidemq.services.broker.timer.scheduling import (
     Delayed,
     Scheduling,
 )
+from tidemq.services.broker.timer.wheel import TimerWheel
 from tidemq.services.errors import ServiceError, invalid, not_found
 from tidemq.storage import Message, MessageStore, PutResult, PutStatus, StoredMessage
 from tidemq.storage.clock import now_ms
