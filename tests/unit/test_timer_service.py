@@ -7,6 +7,8 @@ that applies the replicated log holds the master's progress."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,8 @@ import pytest
 from tidemq.protos import common_pb2
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.handlers.checks import BrokerChecks
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.timer.events import TIMER_LOG_TOPIC, Fired, decode_timer_event
 from tidemq.services.broker.timer.journal import TimerJournal
@@ -33,10 +37,12 @@ def open_store(root: Path) -> MessageStore:
     return MessageStore(
         StoreConfig(
             str(root),
-            commitlog_file_size_bytes=1 << 20,
+            commitlog_file_size_bytes=64 << 10,
             consume_queue_entries_per_file=1000,
             index_slot_num=100,
             index_max_num=400,
+            # Retention passes may run any hour (the test ages the files).
+            delete_when_hours=tuple(range(24)),
         )
     ).open()
 
@@ -53,6 +59,13 @@ class Broker:
         checks = BrokerChecks(config, TopicManager(str(root)), role)
         self.service = TimerService(
             "broker-a", self.store, self.journal, self.wheel, checks, 40 * DAY_MS
+        )
+        # As the broker wires them (server.py).
+        wire_retention_floors(
+            self.store,
+            lambda: None,
+            OffsetManager(str(root)),
+            pinned=(self.journal.low_position, self.journal.newest_position),
         )
 
     def close(self) -> None:
@@ -197,3 +210,43 @@ def test_a_slave_applying_the_replicated_log_holds_the_masters_progress(
         assert follower.progress.is_recalled(r.timer_id)
     finally:
         slave.close()
+
+
+def age_commitlog(root: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    for name in os.listdir(root / "commitlog"):
+        os.utime(root / "commitlog" / name, (past, past))
+
+
+def test_retention_keeps_a_pending_timer_record_and_the_log_it_needs_whatever_their_age(
+    tmp_path: Path,
+) -> None:
+    b = Broker(tmp_path)
+    asyncio.run(b.service.lead())
+    b.send(b"soon", 1_000)
+    b.send(b"far", 30 * DAY_MS)
+    b.fire(NOW + 1_000)
+    # Enough later traffic to fill many CommitLog files, then every file is past retention.
+    for _ in range(60):
+        b.settle(b.store.put_messages([Message("other", b"x" * 4_000, 0)]))
+    b.fire(NOW + 2_000)  # nothing due: appends nothing
+    files = len(b.store.commitlog.mfq.files)
+    age_commitlog(tmp_path / "store", 100 * 3600)
+    while b.store.run_retention():
+        pass
+    assert len(b.store.commitlog.mfq.files) == files  # the far timer sits in the first file
+    b.close()
+    again = Broker(tmp_path)
+    try:
+        asyncio.run(again.service.lead())
+        assert again.wheel.pending_count == 1
+        again.fire(NOW + 30 * DAY_MS)
+        assert again.delivered() == [b"soon", b"far"]
+        # Nothing pending any more: retention may take the old files now.
+        age_commitlog(tmp_path / "store", 100 * 3600)
+        deleted = 0
+        while n := again.store.run_retention():
+            deleted += n
+        assert deleted > 0
+    finally:
+        again.close()
