@@ -10,9 +10,10 @@ import time
 import pytest
 
 import tidemq
-from tests.integration.conftest import NameServerProcess, StartBroker
+from tests.integration.conftest import NameServerProcess, StartBroker, free_port
 from tests.integration.delayed import Arrivals, list_delayed
 from tests.integration.receive_cluster import create_topic, routed_broker
+from tests.integration.receiving import scrape
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -81,7 +82,8 @@ def test_delay_level_two_delivers_after_five_seconds(
 def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_found(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    broker = routed_broker(start_broker, nameserver)
+    metrics = f"127.0.0.1:{free_port()}"
+    broker = routed_broker(start_broker, nameserver, "--metrics-listen", metrics)
     create_topic(nameserver, TOPIC, queues=1)
     create_topic(nameserver, "another-topic", queues=1)
     with (
@@ -105,6 +107,12 @@ def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_
         # "gone" was due a second before "kept": had it not been recalled, it would be here.
         assert not seen.has(b"gone")
     assert list_delayed(broker, TOPIC).total == 0
+    figures = scrape(metrics)
+    assert figures[("tidemq_timer_delivered_total", ())] == 1
+    assert figures[("tidemq_timer_recalled_total", ())] == 1
+    assert figures[("tidemq_timer_lateness_seconds_count", ())] == 1
+    assert figures[("tidemq_timer_lateness_seconds_bucket", (("le", "1.0"),))] == 1
+    assert figures[("tidemq_timer_pending", ())] == 0
 
 
 def test_a_time_already_past_is_delivered_now_in_its_topic(
