@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tidemq.services.broker.timer.wheel import TimerWheel
 
 from tidemq.protos import (
     broker_pb2,
@@ -53,6 +52,7 @@ from tidemq.services.broker.store_failure import StepAside
 from tidemq.services.broker.timer.figures import TimerMetrics
 from tidemq.services.broker.timer.journal import TimerJournal
 from tidemq.services.broker.timer.service import TimerService
+from tidemq.services.broker.timer.wheel import TimerWheel
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.errors import add_servicer
