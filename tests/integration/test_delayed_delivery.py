@@ -4,6 +4,7 @@ time beyond max_delay_ms is refused and stores nothing; the pending list."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 
@@ -168,3 +169,33 @@ def test_the_pending_list_is_soonest_first_per_topic_with_the_total(
         late.recall_handle,
     )
     assert m.deliver_at_ms == late.deliver_at_ms
+
+
+async def _async_round(nameserver: str) -> tuple[tidemq.SendResult, list[tidemq.SendResult], str]:
+    async with tidemq.AsyncProducer(nameserver) as producer:
+        one = await producer.send(TOPIC, b"async", delay=dt.timedelta(seconds=1))
+        batch = await producer.send_batch(
+            [
+                tidemq.Message(TOPIC, b"batch-late", delay=1.5),
+                tidemq.Message(TOPIC, b"batch-now"),
+            ]
+        )
+        recalled = await producer.send(TOPIC, b"async-gone", delay_level=1)
+        return one, batch, await producer.recall(TOPIC, recalled.recall_handle)
+
+
+def test_async_producer_and_batches_carry_the_delivery_options(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=1)
+    with Arrivals(nameserver.address, TOPIC) as seen:
+        one, (late, now), recalled_id = asyncio.run(_async_round(nameserver.address))
+        assert one.recall_handle and late.recall_handle and recalled_id
+        assert not now.recall_handle and now.queue_offset >= 0
+        wait_until(lambda: seen.count() == 3, 15, "the async and batch messages")
+        # Due at 1 s, before "batch-late": had the recall not worked, it would be here.
+        assert not seen.has(b"async-gone")
+    for body, r in ((b"async", one), (b"batch-late", late)):
+        m = seen.got[body]
+        assert r.deliver_at_ms <= m.store_timestamp_ms <= r.deliver_at_ms + LATE_MS
