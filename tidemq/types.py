@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ class SendResult(NamedTuple):
     broker_address: str = ""
     # A transactional send's id (``Transaction.send``): what checks and ends refer to.
     transaction_id: str = ""
+    # A delayed message (``send(deliver_at=...)``): the handle ``recall`` takes while it is
+    # pending, and when it becomes visible (the broker's clock, ms). queue_offset is -1: its
+    # place in the queue is known at delivery.
+    recall_handle: str = ""
+    deliver_at_ms: int = 0
 
     @property
     def ok(self) -> bool:
@@ -73,6 +79,10 @@ class Message:
     properties: Mapping[str, str] | None = None
     sharding_key: str | None = None
     message_group: str | None = None
+    # Delayed delivery, as ``Producer.send``'s options of the same names (at most one).
+    deliver_at: dt.datetime | int | None = None
+    delay: dt.timedelta | float | None = None
+    delay_level: int | None = None
 
     def __post_init__(self) -> None:
         group = message_group_of(self.message_group, self.sharding_key)
