@@ -222,6 +222,7 @@ class Sender:
                 r.commitlog_offset,
                 epoch,
                 address,
+                r.transaction_id,
                 r.recall_handle,
                 r.deliver_at_ms,
             )
