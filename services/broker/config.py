@@ -105,6 +105,9 @@ class BrokerConfig:
     receive_max_held_messages: int = 10_000
     revive_interval_ms: int = 1_000
     receive_snapshot_interval_ms: int = 10_000
+    # Idempotent sends (docs/production.md): producers whose sequences the broker remembers,
+    # least recently used first out; a forgotten producer's next send is accepted as it comes.
+    idempotence_max_producers: int = 100_000
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -150,6 +153,7 @@ class BrokerConfig:
             "receive_max_held_messages",
             "revive_interval_ms",
             "receive_snapshot_interval_ms",
+            "idempotence_max_producers",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
