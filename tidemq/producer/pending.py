@@ -30,8 +30,10 @@ class Pending:
         "deadline",
         "future",
         "keys",
+        "producer_epoch",
         "properties",
         "queue",
+        "sequence",
         "sharding_key",
         "size",
         "tag",
@@ -61,3 +63,6 @@ class Pending:
         self.sharding_key = sharding_key
         self.queue: MessageQueue | None = None
         self.batch_id = 0  # send_batch: all of one id travel together, to one queue
+        # Idempotent producers (``idempotence``): given with the queue, kept through retries.
+        self.sequence = -1
+        self.producer_epoch = -1
