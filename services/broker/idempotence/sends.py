@@ -87,10 +87,11 @@ class IdempotentSends:
             if w.sequence < 0:
                 raise invalid("an idempotent message's sequence must be >= 0")
             wanted.append(((m.topic, m.queue_id), w.sequence))
-        if not self.scan.caught_up:
-            await self.scan.catch_up_fully()  # a promoted master's first sends
-        while self.scan.catch_up():  # no await from here to the put
-            pass
+        scan = self.scan
+        if not scan.caught_up:  # a promoted master's first sends, or others' appends
+            await scan.catch_up_fully()
+            while scan.catch_up():  # no await from here to the put
+                pass
         try:
             decisions = self.table.decide(pid, epoch, wanted)
         except SequenceGapError as e:
@@ -99,12 +100,17 @@ class IdempotentSends:
         except ProducerFencedError as e:
             self.fenced += 1
             raise producer_fenced(str(e)) from None
+        prefix = encode_stamp(pid, epoch, 0)[:-1]  # "id.epoch.": the sequence goes after
         store: list[Message] = []
         keys = []
         for m, ((topic, qid), seq), d in zip(batch, wanted, decisions, strict=True):
             if d is None:
-                stamp = encode_stamp(pid, epoch, seq)
-                m.properties = {**m.properties, PRODUCER_SEQ_PROPERTY: stamp}
+                props = m.properties
+                stamp = f"{prefix}{seq:x}"
+                if type(props) is dict:  # the request's own copy (to_store_message)
+                    props[PRODUCER_SEQ_PROPERTY] = stamp
+                else:
+                    m.properties = {**props, PRODUCER_SEQ_PROPERTY: stamp}
                 store.append(m)
                 keys.append((topic, qid, seq))
         return store, SendPlan(pid, epoch, decisions, keys)
