@@ -45,7 +45,9 @@ class SendHandler:
         self.publish_topics = publish_topics
         self.replication = replication
         self.metrics = metrics
-        self.idempotence = IdempotentSends(store, self.config.idempotence_max_producers)
+        self.idempotence = IdempotentSends(
+            store, self.config.idempotence_max_producers, self.config.store_dir
+        )
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -10,6 +10,7 @@ arrives.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from tidemq.storage import FlushMode, Message, MessageStore, PutResult, PutStatu
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 _DISPATCH_WAIT_S = 10.0
+SNAPSHOT_FILE = "idempotence/table.json"  # under the broker's store directory
 
 
 @dataclass(slots=True)
@@ -56,10 +58,13 @@ def producer_fenced(message: str) -> ServiceError:
 
 
 class IdempotentSends:
-    def __init__(self, store: MessageStore, max_producers: int) -> None:
+    def __init__(
+        self, store: MessageStore, max_producers: int, snapshot_dir: str | None = None
+    ) -> None:
         self.store = store
         self.table = IdempotenceTable(max_producers)
-        self.scan = LogScan(store, self.table)
+        path = os.path.join(snapshot_dir, SNAPSHOT_FILE) if snapshot_dir else None
+        self.scan = LogScan(store, self.table, path)
         self.duplicates = 0  # messages answered from their first store
         self.gaps = 0
         self.fenced = 0
