@@ -59,6 +59,9 @@ class SendResult(NamedTuple):
     # place in the queue is known at delivery.
     recall_handle: str = ""
     deliver_at_ms: int = 0
+    # An idempotent producer's retry the broker had stored already: the fields above are
+    # that first store's (msg_id may be empty when it is too old to be remembered in full).
+    duplicate: bool = False
 
     @property
     def ok(self) -> bool:

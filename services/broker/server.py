@@ -29,6 +29,7 @@ from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks
+from tidemq.services.broker.idempotence.figures import IdempotenceCollector
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.nameserver_registration import NameserverRegistration
@@ -267,6 +268,8 @@ class Broker:
         )
         assert self.timer is not None
         assert self.servicer.receive is not None
+        if self.metrics is not None:
+            self.metrics.registry.register(IdempotenceCollector(self.servicer.send.idempotence))
         self.reviver = Reviver(
             self.servicer.receive.service,
             self.servicer.receive.settle,
@@ -319,6 +322,7 @@ class Broker:
             asyncio.create_task(self._every(10_000, self._expire_clients)),
             asyncio.create_task(self.registration.run()),
             asyncio.create_task(self.journal.follow()),
+            asyncio.create_task(self.servicer.send.idempotence.scan.follow()),
             asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
             asyncio.create_task(self.transaction_log.follow()),
             asyncio.create_task(self._every(self._transaction_round_ms(), self._check_round)),

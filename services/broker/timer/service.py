@@ -28,6 +28,7 @@ from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks
+from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
 from tidemq.services.broker.timer.events import Fired, Recalled
 from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
@@ -72,12 +73,15 @@ def not_pending(message: str) -> ServiceError:
     return not_found(message, common_pb2.DELAYED_MESSAGE_NOT_FOUND)
 
 
+# The producer's sequence stamp stays on the timer record, where the idempotence table finds
+# it (by REAL_TOPIC/REAL_QID); the delivered copy is not a second send.
+_NOT_COPIED = frozenset((REAL_TOPIC, REAL_QID, "TAGS", "KEYS", PRODUCER_SEQ_PROPERTY))
+
+
 def real_message(rec: StoredMessage) -> Message:
     """The message a timer record stands for, as its producer sent it; ``TIMER_DELIVER_MS``
     stays, a plain property consumers may read."""
-    props = {
-        k: v for k, v in rec.properties.items() if k not in (REAL_TOPIC, REAL_QID, "TAGS", "KEYS")
-    }
+    props = {k: v for k, v in rec.properties.items() if k not in _NOT_COPIED}
     return Message(
         topic=rec.properties[REAL_TOPIC],
         body=rec.body,
