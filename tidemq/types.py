@@ -51,6 +51,8 @@ class SendResult(NamedTuple):
     # the address of the broker that answered.
     epoch: int = 0
     broker_address: str = ""
+    # A transactional send's id (``Transaction.send``): what checks and ends refer to.
+    transaction_id: str = ""
 
     @property
     def ok(self) -> bool:

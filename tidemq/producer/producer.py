@@ -24,6 +24,8 @@ from tidemq.producer.futures import Hub, SendFuture, Unanswered
 from tidemq.producer.pending import Pending
 from tidemq.producer.routing import QueueSelector
 from tidemq.producer.sender import FAILOVER_POLL_S, Sender
+from tidemq.producer.transaction_sends import TransactionalSends
+from tidemq.producer.transactions import AsyncTransaction, Transaction
 from tidemq.routes import NameServerClient, RouteCache, TopicRoute
 from tidemq.types import Message, SendResult, message_group_of
 
@@ -61,6 +63,10 @@ class AsyncProducer:
     """Sends messages from an asyncio program. Use as ``async with AsyncProducer(...) as p``."""
 
     def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
+        # Transactions (``transactions``): the checker answers the broker's checks; the topics
+        # name where to watch for them before this producer sends a transaction itself.
+        checker = settings.pop("transaction_checker", None)
+        self._transaction_topics = tuple(settings.pop("transaction_topics", ()))
         self.config = ProducerConfig(**settings)
         self._nameservers = nameserver_addresses(nameserver)
         self._awaiting_route: dict[str, list[Pending]] = {}
@@ -84,6 +90,7 @@ class AsyncProducer:
             self.config, self._channels, self._selector, self._unanswered, self.stats
         )
         self._accumulator = Accumulator(self.config, self._sender, self._spawn)
+        self._transactions = TransactionalSends(self, checker)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> AsyncProducer:
@@ -91,6 +98,8 @@ class AsyncProducer:
             self._loop = asyncio.get_running_loop()
             self._started = True
             self._spawn(self._refresh_routes())
+            for topic in self._transaction_topics:
+                self._spawn(self._transactions.watch_topic(topic))
         return self
 
     async def __aenter__(self) -> AsyncProducer:
@@ -133,6 +142,11 @@ class AsyncProducer:
             await self.routes.refresh_all()
 
     # ------------------------------------------------------------------ public sends
+    def begin_transaction(self) -> AsyncTransaction:
+        """A transaction: its sends are invisible until it commits (``transactions``)."""
+        self._check_open()
+        return AsyncTransaction(self._transactions)
+
     async def send(
         self,
         topic: str,
@@ -378,6 +392,11 @@ class Producer:
 
     def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
         return self._runner.run(self._core.send_batch(list(messages)))
+
+    def begin_transaction(self) -> Transaction:
+        """A transaction: its sends are invisible until it commits (``transactions``)."""
+        self._core._check_open()
+        return Transaction(self._core._transactions, self._runner)
 
     def flush(self) -> None:
         self._runner.run(self._core.flush())
