@@ -120,7 +120,7 @@ class TransactionalSends:
             r.commitlog_offset,
             resp.epoch,
             address,
-            r.transaction_id,
+            transaction_id=r.transaction_id,
         )
 
     async def end(
