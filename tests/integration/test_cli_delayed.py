@@ -4,6 +4,7 @@ masters; and the ``tidemq dev`` banner that points at them."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,19 @@ def test_delayed_sends_are_listed_soonest_first_across_broker_groups_and_cancell
     # Another topic's name with a good handle recalls nothing.
     wrong_topic = tidemq(ns, "delayed", "cancel", "other", by_time["recall_handle"], check=False)
     one_line_error(wrong_topic, "INVALID_ARGUMENT")
+    # A handle naming a broker group that has no master (here: none at all) is retriable.
+    elsewhere = other_group(by_time["recall_handle"], by_time["broker"], "broker-z")
+    orphan = tidemq(ns, "delayed", "cancel", TOPIC, elsewhere, check=False)
+    one_line_error(orphan, "NOT_MASTER")
+    assert "broker-z" in orphan.stderr
     assert delayed(ns)["total"] == 4
+
+
+def other_group(handle: str, broker: str, other: str) -> str:
+    """The handle as if another broker group (a name as long) held the message."""
+    raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4))
+    assert len(broker) == len(other) and broker.encode() in raw
+    return base64.urlsafe_b64encode(raw.replace(broker.encode(), other.encode(), 1)).decode()
 
 
 def test_a_delayed_send_arrives_at_its_time_and_a_cancelled_one_never(cluster: Cluster) -> None:
