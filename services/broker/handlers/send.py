@@ -52,7 +52,9 @@ class SendHandler:
         self.metrics = metrics
         self.transactions = transactions
         self.timer = timer
-        self.idempotence = IdempotentSends(store, self.config.idempotence_max_producers)
+        self.idempotence = IdempotentSends(
+            store, self.config.idempotence_max_producers, self.config.store_dir
+        )
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
