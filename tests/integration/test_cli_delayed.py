@@ -114,14 +114,20 @@ def other_group(handle: str, broker: str, other: str) -> str:
 
 def test_a_delayed_send_arrives_at_its_time_and_a_cancelled_one_never(cluster: Cluster) -> None:
     ns = cluster.ns
-    [due] = send(ns, "due", "--delay", "2s")
-    [cancelled] = send(ns, "cancelled", "--delay", "2s")
+    # The one to cancel is due late enough that the cancel (a command or two away) comes first.
+    [cancelled] = send(ns, "cancelled", "--delay", "8s")
     tidemq(ns, "delayed", "cancel", TOPIC, cancelled["recall_handle"])
-    # Consume until 4 s pass without a message: long after both were due.
-    out = tidemq(ns, "consume", TOPIC, "--group", "g", "--json", "--timeout", "4", "--max", "10")
+    [due] = send(ns, "due", "--delay", "2s")
+    # Consume until well after the cancelled one's time (the idle timeout only grows with
+    # each message received).
+    idle_s = max(4.0, (cancelled["deliver_at_ms"] - now_ms()) / 1000 + 2)
+    out = tidemq(
+        ns, "consume", TOPIC, "--group", "g", "--json", "--timeout", f"{idle_s:.1f}", "--max", "10"
+    )
     got = [json.loads(line) for line in out.stdout.splitlines()]
     assert [m["body"] for m in got] == ["due"]
     assert got[0]["store_timestamp_ms"] >= due["deliver_at_ms"]  # not visible before its time
+    assert now_ms() > cancelled["deliver_at_ms"] + 1000
     assert delayed(ns)["total"] == 0
 
 
