@@ -142,7 +142,10 @@ class LogScan:
                     self.position = at + size
                     last = (at, info)
                 elif status == END_OF_FILE:
-                    self.position = (at // fs + 1) * fs
+                    # The next file starts where this one ends (files need not start at
+                    # multiples of their size: a slave may restart its log at any offset).
+                    base = max(b for b in log_.file_base_offsets() if b <= at)
+                    self.position = base + fs
                 else:
                     break  # a tail still arriving (or torn): scanned when it is whole
         except OffsetBelowMinError:
