@@ -45,6 +45,11 @@ class SendPlan:
     epoch: int
     decisions: list[Original | None]
     keys: list[tuple[str, int, int]]  # (topic, queue, seq) of each stored message, in order
+    kept: list[int]  # the request's index of each stored message
+
+    def stored_wire(self, messages: Sequence[Any]) -> list[Any]:
+        """The request's messages that are stored, in order (aligned with the put's batch)."""
+        return [messages[i] for i in self.kept]
 
 
 def sequence_gap(message: str) -> ServiceError:
@@ -87,11 +92,12 @@ class IdempotentSends:
         epoch = request.producer_epoch
         if pid < 0 or epoch < 0:
             raise invalid("producer_id must be > 0 and producer_epoch >= 0")
+        # Keyed by the queue the producer named (a delayed message is stored elsewhere).
         wanted = []
-        for w, m in zip(request.messages, batch, strict=True):
+        for w in request.messages:
             if w.sequence < 0:
                 raise invalid("an idempotent message's sequence must be >= 0")
-            wanted.append(((m.topic, m.queue_id), w.sequence))
+            wanted.append(((w.topic, w.queue_id), w.sequence))
         scan = self.scan
         if not scan.caught_up:  # a promoted master's first sends, or others' appends
             await scan.catch_up_fully()
@@ -108,8 +114,10 @@ class IdempotentSends:
         prefix = encode_stamp(pid, epoch, 0)[:-1]  # "id.epoch.": the sequence goes after
         store: list[Message] = []
         keys = []
-        for m, ((topic, qid), seq), d in zip(batch, wanted, decisions, strict=True):
+        kept = []
+        for i, (m, ((topic, qid), seq), d) in enumerate(zip(batch, wanted, decisions, strict=True)):
             if d is None:
+                kept.append(i)
                 props = m.properties
                 stamp = f"{prefix}{seq:x}"
                 if type(props) is dict:  # the request's own copy (to_store_message)
@@ -118,7 +126,7 @@ class IdempotentSends:
                     m.properties = {**props, PRODUCER_SEQ_PROPERTY: stamp}
                 store.append(m)
                 keys.append((topic, qid, seq))
-        return store, SendPlan(pid, epoch, decisions, keys)
+        return store, SendPlan(pid, epoch, decisions, keys, kept)
 
     def after_put(
         self, plan: SendPlan | None, batch: Sequence[Message], put: PutResult | None
