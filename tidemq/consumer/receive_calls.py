@@ -27,7 +27,6 @@ from tidemq.consumer.settling import per_handle
 from tidemq.errors import (
     BrokerUnavailableError,
     ConsumeModelMismatch,
-    MessageAlreadyAcked,
     ReceiptHandleExpired,
     RouteNotFoundError,
     TidemqError,
@@ -256,13 +255,15 @@ class ReceiveCalls:
 
     # ------------------------------------------------------------------ settle
     async def ack(self, topic: str, broker: str, handles: list[str]) -> list[TidemqError | None]:
-        """One result per handle: None when acknowledged."""
+        """One result per handle: None when this call's ack completed the message. A retried
+        call's MESSAGE_ALREADY_ACKED stays an error: the unanswered first attempt may have done
+        it, or (its handle expired meanwhile) another member acked a later delivery; the broker
+        cannot tell which, so "acked" would promise what may be false."""
         request = broker_pb2.AckMessageRequest(
             group=self.group, topic=topic, receipt_handles=handles
         )
-        resp, retried = await self.to_master(topic, broker, "AckMessage", request)
-        results = per_handle(resp.results, handles, f"broker group {broker}")
-        return settled_after_retry(results, ack=True) if retried else results
+        resp, _ = await self.to_master(topic, broker, "AckMessage", request)
+        return per_handle(resp.results, handles, f"broker group {broker}")
 
     async def nack(self, topic: str, broker: str, handles: list[str]) -> list[TidemqError | None]:
         request = broker_pb2.NackMessageRequest(
@@ -270,7 +271,7 @@ class ReceiveCalls:
         )
         resp, retried = await self.to_master(topic, broker, "NackMessage", request)
         results = per_handle(resp.results, handles, f"broker group {broker}")
-        return settled_after_retry(results, ack=False) if retried else results
+        return nacked_after_retry(results) if retried else results
 
     async def change_invisible_duration(self, message: ReceivedMessage, invisible_ms: int) -> None:
         request = broker_pb2.ChangeInvisibleDurationRequest(
@@ -356,11 +357,9 @@ async def heartbeat_loop(calls: ReceiveCalls, interval_ms: int) -> None:
             log.warning("heartbeat of %s failed: %s", calls.group, error)
 
 
-def settled_after_retry(
-    results: list[TidemqError | None], *, ack: bool
-) -> list[TidemqError | None]:
-    """Per-handle results of a call that was retried: an earlier attempt that timed out (or
-    crossed a failover) may have been applied, and what it did stands. For an ack that shows
-    as MESSAGE_ALREADY_ACKED; for a nack as an expired handle (the first try released it)."""
-    done = MessageAlreadyAcked if ack else ReceiptHandleExpired
-    return [None if isinstance(e, done) else e for e in results]
+def nacked_after_retry(results: list[TidemqError | None]) -> list[TidemqError | None]:
+    """Per-handle results of a nack call that was retried: an earlier attempt that timed out
+    (or crossed a failover) may have released the handle, which the retry sees as expired.
+    Counting that as nacked is safe whoever released it: the message is delivered again
+    either way. (A retried ack gets no such reading: ``ack``.)"""
+    return [None if isinstance(e, ReceiptHandleExpired) else e for e in results]

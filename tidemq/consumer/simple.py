@@ -93,7 +93,8 @@ class AsyncSimpleConsumer:
 
     async def ack(self, message: ReceivedMessage) -> None:
         """Completes the message. ``ReceiptHandleExpired`` when its invisibility ended first
-        (it will be, or was, delivered again); ``MessageAlreadyAcked`` when acked before."""
+        (it will be, or was, delivered again); ``MessageAlreadyAcked`` when acked before (also
+        by another member, when a retried ack arrives after the handle expired)."""
         [error] = await self.ack_many([message])
         if error is not None:
             raise error
