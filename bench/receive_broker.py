@@ -52,7 +52,13 @@ class BenchBroker:
     """Leaving ``with`` stops the broker, then the nameserver; the directory stays (the caller
     may start another broker on the same store)."""
 
-    def __init__(self, directory: str, store: str, profile_to: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        store: str,
+        profile_to: str | None = None,
+        broker_name: str = BROKER_NAME,
+    ) -> None:
         self.dir = directory
         os.makedirs(self.dir, exist_ok=True)
         self.procs: list[Process] = []
@@ -81,7 +87,7 @@ class BenchBroker:
                     "--nameserver",
                     self.nameserver,
                     "--broker-name",
-                    BROKER_NAME,
+                    broker_name,
                     "--role",
                     "ASYNC_MASTER",
                     "--flush",
