@@ -6,8 +6,9 @@ logs and counts every file a floor held back or a forced pass deleted unconsumed
 
 The floors come from outside the store (storage knows nothing of slaves or consumer groups): the
 broker sets ``replica_floor`` (a CommitLog offset every in-sync slave holds) and
-``consumer_positions`` (each group's committed queue offset, mapped here to a CommitLog offset
-through the ConsumeQueue)."""
+``consumer_positions`` (each group's committed queue offset) and ``pinned_positions`` (the oldest
+queue offset of each kind of state the broker keeps pending in a system topic: undelivered
+timers, open transactions), both mapped here to CommitLog offsets through the ConsumeQueue."""
 
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ class Cleaner:
         self.disk_full = False
         self.replica_floor: Callable[[], int | None] | None = None
         self.consumer_positions: Callable[[], Iterable[QueuePosition]] | None = None
+        self.pinned_positions: Callable[[], Iterable[QueuePosition]] | None = None
         self.counts = RetentionCounts()
         self._last_held: tuple[int, Held] | None = None  # logged and counted once per file
 
@@ -76,7 +78,7 @@ class Cleaner:
         if not decision.delete:
             return 0
         # Read outside the store's locks: they come from the broker's state.
-        replica_floor, positions = self._read_floors()
+        replica_floor, positions, pinned = self._read_floors()
         with p.put_lock, p.dispatch_lock:
             files = p.commitlog.mfq.files
             # Never delete what is not dispatched yet: its queue entries do not exist.
@@ -89,8 +91,9 @@ class Cleaner:
                 force=decision.force,
                 batch_max=cfg.delete_file_batch_max,
                 replica_floor=replica_floor,
-                consumer_floor=self._consumer_floor(positions) if decision.force else None,
+                consumer_floor=self._lowest_record(positions) if decision.force else None,
                 force_delete_unconsumed=cfg.force_delete_unconsumed,
+                pinned_floor=self._lowest_record(pinned),
             )
             n = plan.delete
             if n:
@@ -107,26 +110,30 @@ class Cleaner:
         log.info("retention deleted %d CommitLog file(s); min offset now %d", n, cl_min)
         return n
 
-    def _read_floors(self) -> tuple[int | None, list[QueuePosition]]:
+    def _read_floors(self) -> tuple[int | None, list[QueuePosition], list[QueuePosition]]:
         """The floors as the broker sees them now. One that cannot be read holds everything: a
         pass that deletes nothing is safe, one that deletes what a slave needs is not."""
         replica: int | None = None
         positions: list[QueuePosition] = []
+        pinned: list[QueuePosition] = []
         try:
             if self.replica_floor is not None:
                 replica = self.replica_floor()
             if self.consumer_positions is not None:
                 positions = list(self.consumer_positions())
+            if self.pinned_positions is not None:
+                pinned = list(self.pinned_positions())
         except Exception:
             log.exception("retention floor unreadable; this pass deletes nothing")
-            return 0, []
-        return replica, positions
+            return 0, [], []
+        return replica, positions, pinned
 
-    def _consumer_floor(self, positions: Iterable[QueuePosition]) -> int | None:
-        """The lowest CommitLog offset a group has committed but not consumed past: the record at
-        its committed queue offset (or at the queue's minimum, if retention already went past
-        it). Queues a group has fully consumed, and queues no group committed on, hold nothing
-        back. Call under the dispatch lock (the queues do not move)."""
+    def _lowest_record(self, positions: Iterable[QueuePosition]) -> int | None:
+        """The lowest CommitLog offset of the records at these queue positions: for a group, the
+        record at its committed queue offset (or at the queue's minimum, if retention already
+        went past it); for pinned state, its oldest pending record. A position at or past its
+        queue's end, or on a queue that does not exist, holds nothing back. Call under the
+        dispatch lock (the queues do not move)."""
         floor: int | None = None
         queues = self._parts.queues
         for topic, queue_id, offset in positions:
@@ -165,6 +172,11 @@ class Cleaner:
         self.counts.held[why] += 1
         if why is Held.UNREPLICATED:
             detail = f"an in-sync slave has acknowledged only up to {replica_floor}"
+        elif why is Held.PINNED:
+            detail = (
+                "it holds state the broker still has pending (an undelivered delayed message or "
+                "an open transaction)"
+            )
         else:
             detail = (
                 "a consumer group has not read all of it (force_delete_unconsumed is off: writes "

@@ -2,7 +2,7 @@
 no clock, so the rules are tested as a table.
 
 ``decide`` says whether a pass runs and whether it is forced (disk usage); ``plan_deletions``
-says which of the oldest CommitLog files go. Two floors hold files back, both CommitLog offsets
+says which of the oldest CommitLog files go. Three floors hold files back, all CommitLog offsets
 (a file is held when it ends above the floor):
 
 - the **replica floor**, the lowest offset an in-sync slave has acknowledged: no pass, expired or
@@ -10,7 +10,10 @@ says which of the oldest CommitLog files go. Two floors hold files back, both Co
 - the **consumer floor**, the lowest offset a consumer group has not consumed yet: only a forced
   pass (the disk filling before files expire) looks at it. Expired files go whatever consumers
   did (RocketMQ's rule); an unexpired file a group has not read goes only under
-  ``force_delete_unconsumed``, otherwise it is kept and the disk fills until writes are refused.
+  ``force_delete_unconsumed``, otherwise it is kept and the disk fills until writes are refused;
+- the **pinned floor**, the lowest offset of state the broker still has pending in the log (a
+  delayed message not yet delivered, an open transaction's half): no pass, expired or forced,
+  deletes it, whatever its age, because that state exists nowhere else.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Held(enum.Enum):
 
     UNREPLICATED = "unreplicated"  # an in-sync slave has not acknowledged all of it
     UNCONSUMED = "unconsumed"  # forced, not expired, and a consumer group has not read it all
+    PINNED = "pinned"  # holds pending broker state (an undelivered timer, an open transaction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +83,7 @@ def plan_deletions(
     replica_floor: int | None = None,
     consumer_floor: int | None = None,
     force_delete_unconsumed: bool = False,
+    pinned_floor: int | None = None,
 ) -> RetentionPlan:
     """Which of ``files`` (oldest first; the caller left out the newest and anything not
     dispatched) to delete. Only a prefix can go: the pass stops at the first file it keeps."""
@@ -87,11 +92,12 @@ def plan_deletions(
     for f in files:
         if n >= batch_max:
             break
-        if replica_floor is not None and f.end_offset > replica_floor:
-            expired = f.mtime_s + reserved_s <= now_s
-            held = (f, Held.UNREPLICATED) if expired or force else None
-            return RetentionPlan(n, tuple(unconsumed), held)
-        if f.mtime_s + reserved_s > now_s:
+        expired = f.mtime_s + reserved_s <= now_s
+        for floor, why in ((replica_floor, Held.UNREPLICATED), (pinned_floor, Held.PINNED)):
+            if floor is not None and f.end_offset > floor:
+                held = (f, why) if expired or force else None
+                return RetentionPlan(n, tuple(unconsumed), held)
+        if not expired:
             if not force:
                 break
             if consumer_floor is not None and f.end_offset > consumer_floor:

@@ -269,13 +269,17 @@ class MessageStore:
         *,
         replicas: Callable[[], int | None] | None = None,
         consumers: Callable[[], Iterable[QueuePosition]] | None = None,
+        pinned: Callable[[], Iterable[QueuePosition]] | None = None,
     ) -> None:
         """What retention must keep (``retention.py``): ``replicas`` is the CommitLog offset every
         in-sync slave holds (None: no slave to wait for); ``consumers`` the committed position
-        of every group, as (topic, queue id, next queue offset). Called by retention passes, in
-        the store's housekeeping thread."""
+        of every group, as (topic, queue id, next queue offset); ``pinned`` the positions of
+        state still pending in the log (the record at each, and everything after it, is kept
+        whatever its age; a position at its queue's end pins nothing). Called by retention
+        passes, in the store's housekeeping thread."""
         self._cleaner.replica_floor = replicas
         self._cleaner.consumer_positions = consumers
+        self._cleaner.pinned_positions = pinned
 
     @property
     def retention_counts(self) -> RetentionCounts:

@@ -209,6 +209,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="FIFO: messages a queue holds back behind blocked groups (10000)",
     )
     p.add_argument(
+        "--transaction-check-interval-ms",
+        type=int,
+        metavar="N",
+        help="check transactions left open this often (30000)",
+    )
+    p.add_argument(
+        "--transaction-timeout-ms",
+        type=int,
+        metavar="N",
+        help="a transaction open this long is checked with its producer group (6000)",
+    )
+    p.add_argument(
+        "--transaction-check-max",
+        type=int,
+        metavar="N",
+        help="checks before the exhausted resolution applies (15)",
+    )
+    p.add_argument(
+        "--transaction-exhausted-resolution",
+        choices=("rollback", "commit"),
+        help="what a transaction that used up its checks becomes (rollback)",
+    )
+    p.add_argument(
         "--revive-interval-ms",
         type=int,
         metavar="N",
@@ -267,6 +290,10 @@ def run(args: argparse.Namespace) -> int:
         "receive_max_held_messages",
         "revive_interval_ms",
         "receive_snapshot_interval_ms",
+        "transaction_check_interval_ms",
+        "transaction_timeout_ms",
+        "transaction_check_max",
+        "transaction_exhausted_resolution",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

@@ -105,6 +105,13 @@ class BrokerConfig:
     receive_max_held_messages: int = 10_000
     revive_interval_ms: int = 1_000
     receive_snapshot_interval_ms: int = 10_000
+    # Transactions (docs/production.md): a half open longer than transaction_timeout_ms is
+    # checked with a producer of its group every transaction_check_interval_ms; after
+    # transaction_check_max checks, transaction_exhausted_resolution (rollback|commit) applies.
+    transaction_check_interval_ms: int = 30_000
+    transaction_timeout_ms: int = 6_000
+    transaction_check_max: int = 15
+    transaction_exhausted_resolution: str = "rollback"
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -150,6 +157,9 @@ class BrokerConfig:
             "receive_max_held_messages",
             "revive_interval_ms",
             "receive_snapshot_interval_ms",
+            "transaction_check_interval_ms",
+            "transaction_timeout_ms",
+            "transaction_check_max",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
@@ -161,6 +171,11 @@ class BrokerConfig:
             problems.append("config_full_sync_interval_ms must be >= config_sync_interval_ms")
         if self.receive_max_invisible_ms < self.receive_min_invisible_ms:
             problems.append("receive_max_invisible_ms must be >= receive_min_invisible_ms")
+        if self.transaction_exhausted_resolution not in ("rollback", "commit"):
+            problems.append(
+                "transaction_exhausted_resolution must be rollback or commit, got "
+                f"{self.transaction_exhausted_resolution!r}"
+            )
         problems += self._zk_problems()
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))

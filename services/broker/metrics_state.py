@@ -136,8 +136,9 @@ class RetentionCollector:
             CounterMetricFamily(
                 "tidemq_retention_files_kept",
                 "CommitLog files retention wanted to delete and kept, each counted once: "
-                "unreplicated (an in-sync slave has not acknowledged it) or unconsumed (a forced "
-                "pass, and a consumer group has not read it)",
+                "unreplicated (an in-sync slave has not acknowledged it), unconsumed (a forced "
+                "pass, and a consumer group has not read it) or pinned (it holds an undelivered "
+                "delayed message or an open transaction)",
                 labels=("reason",),
             ),
             CounterMetricFamily(

@@ -1,12 +1,14 @@
 """What the broker tells its store's retention (``tidemq.storage.retention``), which knows nothing
 of slaves or consumer groups: the replica floor, from the master's replication tracker, and every
 group's committed queue offsets, from the OffsetManager, and the receive log's position its
-oldest kept snapshot needs (``receive.journal``). All are read in the store's housekeeping
-thread at each retention pass."""
+oldest kept snapshot needs (``receive.journal``), and the pinned positions of state still pending
+in system topics (the timer's oldest undelivered record, the oldest open transaction's half),
+which no pass deletes whatever its age. All are read in the store's housekeeping thread at each
+retention pass."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.replication.retention_floor import replica_floor
@@ -20,9 +22,11 @@ def wire_retention_floors(
     replication: Callable[[], ReplicationServicer | None],
     offsets: OffsetManager,
     receive_log: Callable[[], QueuePosition] | None = None,
+    pinned: Sequence[Callable[[], QueuePosition | None]] = (),
 ) -> None:
     """``replication`` returns the master's Replication service once the broker has one (before
-    the store opens, so no retention pass runs without the floors)."""
+    the store opens, so no retention pass runs without the floors). Each of ``pinned`` returns
+    the position of its oldest pending record, or None when nothing is pending."""
 
     def replicas() -> int | None:
         master = replication()
@@ -36,4 +40,7 @@ def wire_retention_floors(
             positions.append(receive_log())
         return positions
 
-    store.set_retention_floors(replicas=replicas, consumers=consumers)
+    def pins() -> list[QueuePosition]:
+        return [p for p in (pin() for pin in pinned) if p is not None]
+
+    store.set_retention_floors(replicas=replicas, consumers=consumers, pinned=pins)

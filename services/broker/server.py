@@ -49,6 +49,9 @@ from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.store_failure import StepAside
 from tidemq.services.broker.topics import TopicManager
+from tidemq.services.broker.transactions.figures import TransactionCollector
+from tidemq.services.broker.transactions.log import TransactionLog
+from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.errors import add_servicer
 from tidemq.storage import MessageStore, StoreConfig
@@ -79,11 +82,14 @@ class Broker:
         self.offsets = OffsetManager(config.store_dir)
         # The receive log: receive groups' in-flight state as records in the CommitLog.
         self.journal = ReceiveJournal(self.store, config.store_dir)
+        # Transactions: half messages and their op log, records in the CommitLog too.
+        self.transaction_log = TransactionLog(self.store)
         wire_retention_floors(
             self.store,
             lambda: self.replication,
             self.offsets,
             receive_log=self.journal.retention_position,
+            pinned=[self.transaction_log.retention_position],
         )
         if config.automatic:
             # A damaged epoch file refuses start-up here, before the store opens (StateFileError).
@@ -141,6 +147,8 @@ class Broker:
         self.store.add_dispatch_listener(receive_waiters.dispatched)
         self.journal.listen(loop)
         await loop.run_in_executor(None, self.journal.open)
+        self.transaction_log.listen(loop)
+        await loop.run_in_executor(None, self.transaction_log.open)
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
@@ -195,10 +203,16 @@ class Broker:
                 self.metrics,
             )
 
+        def transaction_service(checks: BrokerChecks) -> TransactionService:
+            return TransactionService(
+                cfg, self.store, self.transaction_log, checks, self.replication
+            )
+
         if self.metrics is not None:
             self.metrics.registry.register(
                 ReceiveCollector(lambda: self.journal.states, self.groups)
             )
+            self.metrics.registry.register(TransactionCollector(self._transaction_service))
         self.servicer = BrokerServicer(
             cfg,
             self.store,
@@ -215,6 +229,7 @@ class Broker:
             confirm_cap=self._confirm_cap,
             failover=self.failover,
             receive=receive_service,
+            transactions=transaction_service,
         )
         assert self.servicer.receive is not None
         self.reviver = Reviver(
@@ -270,6 +285,8 @@ class Broker:
             asyncio.create_task(self.registration.run()),
             asyncio.create_task(self.journal.follow()),
             asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
+            asyncio.create_task(self.transaction_log.follow()),
+            asyncio.create_task(self._every(self._transaction_round_ms(), self._check_round)),
         ]
         if self.failover is None and self.slave is not None:
             self._tasks.append(asyncio.create_task(self.slave.run()))
@@ -296,6 +313,20 @@ class Broker:
                 await fn()
             except Exception:  # a periodic task's failure is logged and retried next period
                 log.exception("periodic task %s failed", fn.__name__)
+
+    def _transaction_service(self) -> TransactionService | None:
+        s = self.servicer
+        return s.transactions.service if s is not None and s.transactions is not None else None
+
+    def _transaction_round_ms(self) -> int:
+        # Often enough that a half is checked within about a tenth of its timeout or interval.
+        cfg = self.config
+        return max(50, min(cfg.transaction_check_interval_ms, cfg.transaction_timeout_ms) // 10)
+
+    async def _check_round(self) -> None:
+        service = self._transaction_service()
+        if service is not None:
+            await service.check_round()
 
     def replication_status(self) -> object:
         return status_proto(self.config, self.replication, self.slave, self.config_sync)

@@ -26,12 +26,14 @@ from tidemq.services.broker.handlers.pull import PullHandler
 from tidemq.services.broker.handlers.receive import ReceiveHandlers
 from tidemq.services.broker.handlers.send import SendHandler
 from tidemq.services.broker.handlers.topic_admin import TopicAdminHandlers
+from tidemq.services.broker.handlers.transactions import TransactionHandlers
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicManager
+from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.storage import MessageStore
 
 
@@ -53,11 +55,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         confirm_cap: Callable[[], int | None] | None = None,
         failover: FailoverControl | None = None,
         receive: Callable[[BrokerChecks], ReceiveService] | None = None,
+        transactions: Callable[[BrokerChecks], TransactionService] | None = None,
     ) -> None:
         role = role or RoleState.for_config(config.role, config.broker_id, False, 0)
         self.checks = checks = BrokerChecks(config, topics, role)
         self.waiters = waiters
-        self.send = SendHandler(checks, store, publish_topics, replication, metrics)
+        self.transactions = (
+            TransactionHandlers(checks, transactions(checks), metrics)
+            if transactions is not None
+            else None
+        )
+        self.send = SendHandler(
+            checks,
+            store,
+            publish_topics,
+            replication,
+            metrics,
+            self.transactions.service if self.transactions is not None else None,
+        )
         self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics, groups)
         self.lookups = LookupHandlers(checks, store, metrics)
         self.consumers = ConsumerHandlers(checks, clients, groups, offsets, metrics)
@@ -76,6 +91,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.waiters.wake_all()
         if self.receive is not None:
             self.receive.service.waiters.wake_all()
+        if self.transactions is not None:
+            self.transactions.stopping.set()
 
     # ------------------------------------------------------------------ send and pull
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -171,3 +188,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     async def GetReceiveState(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._receive().GetReceiveState(request, context)
+
+    # ------------------------------------------------------------------ transactions
+    def _transactions(self) -> TransactionHandlers:
+        assert self.transactions is not None, "a broker serving transactions is built with them"
+        return self.transactions
+
+    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._transactions().EndTransaction(request, context)
+
+    async def ListTransactions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._transactions().ListTransactions(request, context)
+
+    def WatchTransactionChecks(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return self._transactions().WatchTransactionChecks(request, context)

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from tests.store.conftest import tiny_config
+from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.storage import Message, MessageStore, PutStatus
 from tidemq.storage.errors import DiskFullError, OffsetBelowMinError
 from tidemq.storage.retention import Held
@@ -144,3 +146,57 @@ def test_force_delete_unconsumed_deletes_unread_files_and_counts_each(tmp_path: 
         assert s.retention_counts.unconsumed_deleted == n
         assert s.retention_counts.held[Held.UNCONSUMED] == 0
         assert s.min_offset("t", 0) > 0
+
+
+def test_a_pinned_position_keeps_its_record_through_aged_and_forced_passes(
+    tmp_path: Path,
+) -> None:
+    usage = [0.10]
+    cfg = tiny_config(
+        tmp_path / "s",
+        delete_when_hours=(time.localtime().tm_hour,),
+        force_delete_unconsumed=True,
+    )
+    pins: list[tuple[str, int, int]] = [("t", 0, 0)]
+    with MessageStore(cfg, disk_usage_ratio=lambda: usage[0]) as s:
+        s.set_retention_floors(pinned=lambda: pins)
+        fill(s, 60)
+        age_files(tmp_path / "s", 73 * HOUR)  # every file has expired
+        assert s.run_retention() == 0  # the pending record is in the first file
+        assert s.retention_counts.held[Held.PINNED] == 1
+        usage[0] = 0.87  # forced, and unconsumed data may go: still kept
+        assert s.run_retention() == 0
+        assert s.retention_counts.held[Held.PINNED] == 1  # the same file, counted once
+        pins[0] = ("t", 0, 30)
+        assert s.run_retention() > 0
+        lo = s.min_offset("t", 0)
+        assert 0 < lo <= 30  # the record at queue offset 30 is still readable
+        assert s.get_messages("t", 0, 30, max_count=1).messages[0].queue_offset == 30
+        assert s.retention_counts.held[Held.PINNED] == 2
+        # Nothing pending (the position at its queue's end, or a queue that does not exist).
+        pins[:] = [("t", 0, s.max_offset("t", 0)), ("absent", 0, 0)]
+        while s.run_retention():
+            pass
+        assert len(s.commitlog.mfq.files) == 1
+
+
+def test_the_brokers_pins_reach_the_store_and_none_pins_nothing(tmp_path: Path) -> None:
+    usage = [0.87]
+    cfg = tiny_config(tmp_path / "s", force_delete_unconsumed=True)
+    timer: list[tuple[str, int, int] | None] = [("t", 0, 10)]
+    with MessageStore(cfg, disk_usage_ratio=lambda: usage[0]) as s:
+        wire_retention_floors(
+            s,
+            lambda: None,
+            OffsetManager(str(tmp_path / "broker")),
+            pinned=[lambda: timer[0], lambda: None],
+        )
+        fill(s, 60)
+        assert s.run_retention() > 0
+        lo = s.min_offset("t", 0)
+        assert 0 < lo <= 10
+        assert s.retention_counts.held[Held.PINNED] == 1
+        timer[0] = None  # nothing pending any more
+        while s.run_retention():
+            pass
+        assert len(s.commitlog.mfq.files) == 1

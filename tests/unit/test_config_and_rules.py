@@ -121,3 +121,34 @@ def test_retention_plan_floors_table(
     assert plan.delete == deleted
     assert (None if plan.held is None else (plan.held[0].base_offset, plan.held[1])) == held
     assert len(plan.unconsumed) == unconsumed
+
+
+@pytest.mark.parametrize(
+    ("force", "pinned", "deleted", "held"),
+    [
+        # Pending state in the second file: the expired file before it goes, it stays.
+        (False, 150, 1, (100, Held.PINNED)),
+        # A forced pass that may delete unconsumed data still keeps it.
+        (True, 150, 1, (100, Held.PINNED)),
+        (True, 250, 2, (200, Held.PINNED)),
+        # A file ending at the pin holds nothing pending; pinned past the end holds nothing.
+        (True, 300, 3, (300, Held.PINNED)),
+        (True, 400, 4, None),
+        # Not forced and not expired: the pass stops there on its own, no floor is blamed.
+        (False, 300, 2, None),
+    ],
+)
+def test_pinned_floor_keeps_pending_state_from_aged_and_forced_passes(
+    force: bool, pinned: int, deleted: int, held: tuple[int, Held] | None
+) -> None:
+    plan = plan_deletions(
+        FILES,
+        NOW,
+        KEEP,
+        force=force,
+        batch_max=10,
+        force_delete_unconsumed=True,
+        pinned_floor=pinned,
+    )
+    assert plan.delete == deleted
+    assert (None if plan.held is None else (plan.held[0].base_offset, plan.held[1])) == held

@@ -22,6 +22,7 @@ from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
 from tidemq.services.broker.receive.dead_letter import client_may_send
 from tidemq.services.broker.topics import TopicConfig
+from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.errors import invalid, system_topic
 from tidemq.storage import MessageStore, PutStatus
 from tidemq.storage.config import parse_host
@@ -35,6 +36,7 @@ class SendHandler:
         publish_topics: Callable[[], Awaitable[None]],
         replication: ReplicationServicer | None,
         metrics: BrokerMetrics | None,
+        transactions: TransactionService | None = None,
     ) -> None:
         self.checks = checks
         self.config = checks.config
@@ -44,6 +46,7 @@ class SendHandler:
         self.publish_topics = publish_topics
         self.replication = replication
         self.metrics = metrics
+        self.transactions = transactions
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -66,6 +69,8 @@ class SendHandler:
                 cfg = configs[name] = await self._writable_topic(name)
             checks.check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
+        if request.transactional:
+            batch = self._transactions().halves_of(request, batch)
         put = self.store.put_messages(batch)
         work_done()  # what is left is waiting: the connection may run its next request
         if self.replication is not None:
@@ -94,7 +99,14 @@ class SendHandler:
                 queue_offset=r.queue_offset,
                 commitlog_offset=r.phy_offset,
             )
+        if request.transactional:
+            self._transactions().fill_results(request, response, batch)
         return response
+
+    def _transactions(self) -> TransactionService:
+        if self.transactions is None:
+            raise invalid("this broker does not take transactional sends")
+        return self.transactions
 
     async def _writable_topic(self, name: str) -> TopicConfig:
         if not client_may_send(name):
