@@ -20,7 +20,7 @@ from tidemq.storage.atomic_file import read_json_with_fallback
 from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, ConsumeQueue, is_blank
 from tidemq.storage.errors import StoreError
 from tidemq.storage.index_file import IndexFile
-from tidemq.storage.javahash import index_key_hash, tag_code
+from tidemq.storage.javahash import index_key_hash
 from tidemq.storage.lock import StoreLock
 from tidemq.storage.manifest import LAYOUT_FILE
 from tidemq.storage.mapped_file_queue import MappedFileQueue
@@ -185,11 +185,7 @@ def _check(s: _OfflineStore) -> CheckReport:
             if info.sys_flag & TRANSACTION_MASK in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
                 continue
             cq = cqs.get((info.topic, info.queue_id))
-            want = (
-                at,
-                info.size,
-                tag_code(info.tags.decode("utf-8", "replace")) if info.tags else 0,
-            )
+            want = (at, info.size, info.entry_tag_code())
             if cq is None:
                 rep.problem(
                     f"record at {at} ({info.topic}/{info.queue_id} offset "

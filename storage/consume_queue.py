@@ -8,9 +8,10 @@ offset (entry number x 20). Each entry is 20 bytes, big-endian::
     +----------------------+--------------+------------------------+
 
 Entry n sits at byte 20 * n, so the queue offset a consumer sees is the byte position / 20. The tag
-code is the Java hash code of the message's TAGS (0 without tags). A "blank" entry (offset 0, size
-0x7FFFFFFF, tag 0) pads a queue whose first entry is not entry 0: a replica that starts from its
-master's oldest retained message.
+code is the Java hash code of the message's TAGS (0 without tags), or for a ``%SYS%TIMER``
+record its delivery time (``RecordInfo.entry_tag_code``, ``record.properties``). A "blank" entry
+(offset 0, size 0x7FFFFFFF, tag 0) pads a queue whose first entry is not entry 0: a replica that
+starts from its master's oldest retained message.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.consume_queue import GAP, ConsumeQueue
 from tidemq.storage.errors import CorruptRecordError, CorruptStoreError
 from tidemq.storage.index_service import IndexService
-from tidemq.storage.javahash import tag_code_of_bytes
 from tidemq.storage.record import (
     CORRUPT,
     END_OF_FILE,
@@ -206,7 +205,7 @@ class Dispatcher:
         tx = info.sys_flag & TRANSACTION_MASK
         if tx not in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
             cq = self.queues.get_or_create(info.topic, info.queue_id)
-            tag = tag_code_of_bytes(info.tags) if info.tags else 0
+            tag = info.entry_tag_code()
             if cq.put(info.phy_offset, info.size, tag, info.queue_offset, allow_prefill) == GAP:
                 raise DispatchGapError(
                     info.topic, info.queue_id, info.queue_offset, info.phy_offset

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tidemq.storage.consume_queue import ConsumeQueue, is_blank
 from tidemq.storage.errors import (
@@ -27,6 +28,16 @@ class GetResult:
     next_offset: int
     min_offset: int
     max_offset: int
+
+
+class QueueEntry(NamedTuple):
+    """One ConsumeQueue entry: where its record is and its tag code (for a ``TIMER_TOPIC``
+    record, its delivery time in ms)."""
+
+    queue_offset: int
+    phy_offset: int
+    size: int
+    tag_code: int
 
 
 class StoreReader:
@@ -114,6 +125,29 @@ class StoreReader:
                 if len(out) >= max_count:
                     break
         return GetResult(out, q, lo, hi)
+
+    def queue_entries(
+        self, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> list[QueueEntry]:
+        """Up to ``max_count`` ConsumeQueue entries of one queue from ``offset`` (from the
+        queue's minimum when retention went past it), published ones only, without reading a
+        record: what a broker rebuilds its timer wheel from."""
+        cq = self._queues.get(topic, queue_id)
+        if cq is None:
+            return []
+        readable = self._dispatcher.offset
+        q = max(offset, cq.min_offset)
+        hi = self._visible_max(cq, readable)
+        out: list[QueueEntry] = []
+        while q < hi and len(out) < max_count:
+            entries = cq.read(q, min(max_count - len(out), hi - q))
+            if not entries:
+                break
+            for phy, size, code in entries:
+                if not is_blank(phy, size):
+                    out.append(QueueEntry(q, phy, size, code))
+                q += 1
+        return out
 
     def look_message(self, phy_offset: int) -> StoredMessage:
         if phy_offset >= self._dispatcher.offset:

@@ -30,7 +30,7 @@ from tidemq.storage.failure import DISK_IO, FailureListener, StoreFailure
 from tidemq.storage.lifecycle import StoreLifecycle
 from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.parts import StoreParts
-from tidemq.storage.reads import GetResult, StoreReader
+from tidemq.storage.reads import GetResult, QueueEntry, StoreReader
 from tidemq.storage.record import Message, StoredMessage
 from tidemq.storage.recovery import RecoveryReport
 from tidemq.storage.results import PutStatus
@@ -316,6 +316,12 @@ class MessageStore:
         return self._reader.get_messages(
             topic, queue_id, offset, max_count, max_bytes, tags, max_commitlog_offset
         )
+
+    def queue_entries(
+        self, topic: str, queue_id: int, offset: int, max_count: int
+    ) -> list[QueueEntry]:
+        """ConsumeQueue entries without their records (``StoreReader.queue_entries``)."""
+        return self._reader.queue_entries(topic, queue_id, offset, max_count)
 
     def look_message(self, phy_offset: int) -> StoredMessage:
         return self._reader.look_message(phy_offset)

@@ -33,7 +33,13 @@ from tidemq.storage.record.layout import (
     Buf,
 )
 from tidemq.storage.record.messages import RecordInfo, StoredMessage
-from tidemq.storage.record.properties import decode_properties
+from tidemq.storage.record.properties import (
+    PROP_TIMER_DELIVER_MS,
+    TIMER_TOPIC,
+    decode_properties,
+    find_property,
+    parse_timer_deliver_ms,
+)
 
 # Names bound here rather than by the import, for what runs per record: CPython 3.11 compiles
 # ``NAME.method(...)`` as a method call, except on a name an import bound, which it takes for a
@@ -43,6 +49,7 @@ _HEADER_V4 = HEADER_V4
 _I16 = I16
 _PREFIX = PREFIX
 _TOPIC_BYTES_RE = TOPIC_BYTES_RE
+_TIMER_PROP = PROP_TIMER_DELIVER_MS.encode()
 
 _known_topics: dict[bytes, str] = {}  # topic bytes already seen valid in a record
 
@@ -182,8 +189,22 @@ def check_record(
                 keys = value
             elif name == b"UNIQ_KEY":
                 uniq = value
+    deliver_ms = None
+    if topic == TIMER_TOPIC and props_len:
+        raw = bytes(buf[props_len_at + 2 : end])
+        deliver_ms = parse_timer_deliver_ms(find_property(raw, _TIMER_PROP))
     return OK, RecordInfo(
-        end - pos, topic, fields[3], fields[5], fields[6], fields[7], fields[11], tags, keys, uniq
+        end - pos,
+        topic,
+        fields[3],
+        fields[5],
+        fields[6],
+        fields[7],
+        fields[11],
+        tags,
+        keys,
+        uniq,
+        deliver_ms,
     )
 
 

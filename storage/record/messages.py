@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from tidemq.storage.javahash import tag_code_of_bytes
 from tidemq.storage.record.msg_id import make_msg_id
 from tidemq.storage.record.properties import PROP_KEYS, PROP_TAGS
 
@@ -105,3 +106,12 @@ class RecordInfo:
     tags: bytes | None
     keys: bytes | None
     uniq_key: bytes | None
+    # A TIMER_TOPIC record's delivery time (``properties.TIMER_TOPIC``), else None.
+    timer_deliver_ms: int | None = None
+
+    def entry_tag_code(self) -> int:
+        """The tag code of this record's ConsumeQueue entry: a timer record's delivery time, else
+        the Java hash of its tags (0 without tags)."""
+        if self.timer_deliver_ms is not None:
+            return self.timer_deliver_ms
+        return tag_code_of_bytes(self.tags) if self.tags else 0

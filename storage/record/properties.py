@@ -1,6 +1,13 @@
 """Message properties as a record carries them: ``name 0x01 value 0x02`` for each, UTF-8, at most
 ``PROPERTIES_MAX_BYTES`` in all. Tags and keys travel as the ``TAGS`` and ``KEYS`` properties (keys
-joined by spaces), a RocketMQ client's unique id as ``UNIQ_KEY``."""
+joined by spaces), a RocketMQ client's unique id as ``UNIQ_KEY``.
+
+One property changes what dispatch writes: a record of ``TIMER_TOPIC`` (the broker's pending
+delayed messages) carries its delivery time, ms since the epoch in decimal, as
+``TIMER_DELIVER_MS``, and its ConsumeQueue entry's tag code is that time instead of the hash of
+its tags (RocketMQ does the same for its schedule topic). So the broker rebuilds its timer wheel
+from the ConsumeQueue alone, never reading a pending message's body. A value that is not a
+decimal in [0, 2^63) counts as absent (the tags' hash, as for any record)."""
 
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ from tidemq.storage.record.layout import (
 PROP_TAGS: Final = "TAGS"
 PROP_KEYS: Final = "KEYS"
 PROP_UNIQ_KEY: Final = "UNIQ_KEY"
+TIMER_TOPIC: Final = "%SYS%TIMER"
+PROP_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
 NAME_SEP: Final = "\x01"
 PROP_SEP: Final = "\x02"
 
@@ -47,6 +56,14 @@ def decode_properties(raw: bytes) -> dict[str, str]:
         if sep and name not in (PROP_RECORD_CRC, PROP_LEGACY_RECORD_CRC):
             props[name] = value
     return props
+
+
+def parse_timer_deliver_ms(value: bytes | None) -> int | None:
+    """A ``TIMER_DELIVER_MS`` value as a ConsumeQueue tag code, None when absent or malformed."""
+    if value is None or not value.isdigit() or len(value) > 19:
+        return None
+    ms = int(value)
+    return ms if ms < 1 << 63 else None
 
 
 def find_property(raw: bytes, name: bytes) -> bytes | None:
