@@ -244,6 +244,10 @@ topics auto-created{slave_line}
 Try, in another terminal:
   {exe} send orders 'hello tidemq' --tag created --key order-1
   {exe} consume orders --group demo --max 10
+  {exe} receive orders --group billing --count 10   (receive and ack each message)
+  {exe} send reminders 'call back' --delay 30s      (delivered in 30 s)
+  {exe} delayed list                                (pending; cancel with: delayed cancel)
+  {exe} transactions list                           (open transactions)
   {exe} topic describe orders --group demo
   {exe} cluster status
   {exe} bench produce --messages 50000

@@ -44,7 +44,16 @@ if TYPE_CHECKING:
         SimpleConsumerConfig,
     )
     from tidemq.errors import TidemqError
-    from tidemq.producer import AsyncProducer, Producer, ProducerConfig
+    from tidemq.producer import (
+        AsyncProducer,
+        AsyncTransaction,
+        AsyncTransactionChecker,
+        Producer,
+        ProducerConfig,
+        Transaction,
+        TransactionChecker,
+        TransactionResolution,
+    )
     from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
     from tidemq.routes import MessageQueue
     from tidemq.types import ConsumeResult, Message, ReceivedMessage, SendResult, SendStatus
@@ -59,6 +68,8 @@ __all__ = [
     "AsyncPushConsumer",
     "AsyncQueueReader",
     "AsyncSimpleConsumer",
+    "AsyncTransaction",
+    "AsyncTransactionChecker",
     "ConsumeResult",
     "Consumer",
     "ConsumerConfig",
@@ -78,6 +89,9 @@ __all__ = [
     "SimpleConsumer",
     "SimpleConsumerConfig",
     "TidemqError",
+    "Transaction",
+    "TransactionChecker",
+    "TransactionResolution",
     "errors",
 ]
 
@@ -101,6 +115,11 @@ _HOMES = {
     "AsyncProducer": "tidemq.producer",
     "Producer": "tidemq.producer",
     "ProducerConfig": "tidemq.producer",
+    "AsyncTransaction": "tidemq.producer",
+    "AsyncTransactionChecker": "tidemq.producer",
+    "Transaction": "tidemq.producer",
+    "TransactionChecker": "tidemq.producer",
+    "TransactionResolution": "tidemq.producer",
     "AsyncQueueReader": "tidemq.reader",
     "PullResult": "tidemq.reader",
     "PullStatus": "tidemq.reader",

@@ -51,6 +51,13 @@ class SendResult(NamedTuple):
     # the address of the broker that answered.
     epoch: int = 0
     broker_address: str = ""
+    # A delayed message (``send(deliver_at=...)``): the handle ``recall`` takes while it is
+    # pending, and when it becomes visible (the broker's clock, ms). queue_offset is -1: its
+    # place in the queue is known at delivery.
+    recall_handle: str = ""
+    deliver_at_ms: int = 0
+    # A transactional send's id (``Transaction.send``): what checks and ends refer to.
+    transaction_id: str = ""
 
     @property
     def ok(self) -> bool:

@@ -232,6 +232,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="what a transaction that used up its checks becomes (rollback)",
     )
     p.add_argument(
+        "--max-delay-ms",
+        type=int,
+        metavar="N",
+        help="delayed delivery: the furthest delivery time ahead a send may ask for (40 days)",
+    )
+    p.add_argument(
+        "--timer-tick-ms",
+        type=int,
+        metavar="N",
+        help="delayed delivery: the master fires due messages this often (100)",
+    )
+    p.add_argument(
         "--revive-interval-ms",
         type=int,
         metavar="N",
@@ -294,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
         "transaction_timeout_ms",
         "transaction_check_max",
         "transaction_exhausted_resolution",
+        "max_delay_ms",
+        "timer_tick_ms",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

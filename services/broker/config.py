@@ -112,6 +112,11 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000
     transaction_check_max: int = 15
     transaction_exhausted_resolution: str = "rollback"
+    # Delayed delivery (docs/production.md): a send may ask for a delivery time at most
+    # max_delay_ms ahead (40 days; RocketMQ's default is 3); the master fires what is due every
+    # timer_tick_ms.
+    max_delay_ms: int = 40 * 86_400_000
+    timer_tick_ms: int = 100
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -160,6 +165,8 @@ class BrokerConfig:
             "transaction_check_interval_ms",
             "transaction_timeout_ms",
             "transaction_check_max",
+            "max_delay_ms",
+            "timer_tick_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")

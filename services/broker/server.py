@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from tidemq.services.broker.timer.wheel import TimerWheel
 
 from tidemq.protos import (
     broker_pb2,
@@ -48,6 +50,9 @@ from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.store_failure import StepAside
+from tidemq.services.broker.timer.figures import TimerMetrics
+from tidemq.services.broker.timer.journal import TimerJournal
+from tidemq.services.broker.timer.service import TimerService
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.transactions.figures import TransactionCollector
 from tidemq.services.broker.transactions.log import TransactionLog
@@ -84,12 +89,19 @@ class Broker:
         self.journal = ReceiveJournal(self.store, config.store_dir)
         # Transactions: half messages and their op log, records in the CommitLog too.
         self.transaction_log = TransactionLog(self.store)
+        # The timer log: delayed messages' deliveries and recalls as records in the CommitLog.
+        self.timer_journal = TimerJournal(self.store)
+        self.timer: TimerService | None = None
         wire_retention_floors(
             self.store,
             lambda: self.replication,
             self.offsets,
             receive_log=self.journal.retention_position,
-            pinned=[self.transaction_log.retention_position],
+            pinned=(
+                self.transaction_log.retention_position,
+                self.timer_journal.low_position,
+                self.timer_journal.newest_position,
+            ),
         )
         if config.automatic:
             # A damaged epoch file refuses start-up here, before the store opens (StateFileError).
@@ -149,6 +161,8 @@ class Broker:
         await loop.run_in_executor(None, self.journal.open)
         self.transaction_log.listen(loop)
         await loop.run_in_executor(None, self.transaction_log.open)
+        self.timer_journal.listen(loop)
+        await loop.run_in_executor(None, self.timer_journal.open)
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
@@ -208,6 +222,25 @@ class Broker:
                 cfg, self.store, self.transaction_log, checks, self.replication
             )
 
+        def timer_service(checks: BrokerChecks) -> TimerService:
+            wheel = TimerWheel(os.path.join(cfg.store_dir, "timer"))
+            counters = (
+                TimerMetrics(self.metrics.registry, lambda: wheel.pending_count)
+                if self.metrics is not None
+                else None
+            )
+            self.timer = TimerService(
+                cfg.broker_name,
+                self.store,
+                self.timer_journal,
+                wheel,
+                checks,
+                cfg.max_delay_ms,
+                self.replication,
+                counters,
+            )
+            return self.timer
+
         if self.metrics is not None:
             self.metrics.registry.register(
                 ReceiveCollector(lambda: self.journal.states, self.groups)
@@ -230,7 +263,9 @@ class Broker:
             failover=self.failover,
             receive=receive_service,
             transactions=transaction_service,
+            timer=timer_service,
         )
+        assert self.timer is not None
         assert self.servicer.receive is not None
         self.reviver = Reviver(
             self.servicer.receive.service,
@@ -287,6 +322,8 @@ class Broker:
             asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
             asyncio.create_task(self.transaction_log.follow()),
             asyncio.create_task(self._every(self._transaction_round_ms(), self._check_round)),
+            asyncio.create_task(self.timer_journal.follow()),
+            asyncio.create_task(self._every(cfg.timer_tick_ms, self.timer.tick)),
         ]
         if self.failover is None and self.slave is not None:
             self._tasks.append(asyncio.create_task(self.slave.run()))

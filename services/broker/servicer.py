@@ -20,6 +20,7 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.broker_admin import BrokerAdminHandlers, FailoverControl
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.handlers.consumers import ConsumerHandlers
+from tidemq.services.broker.handlers.delayed import DelayedHandlers
 from tidemq.services.broker.handlers.group_admin import GroupAdminHandlers
 from tidemq.services.broker.handlers.lookups import LookupHandlers
 from tidemq.services.broker.handlers.pull import PullHandler
@@ -32,6 +33,7 @@ from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.timer.service import TimerService
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.storage import MessageStore
@@ -56,6 +58,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         failover: FailoverControl | None = None,
         receive: Callable[[BrokerChecks], ReceiveService] | None = None,
         transactions: Callable[[BrokerChecks], TransactionService] | None = None,
+        timer: Callable[[BrokerChecks], TimerService] | None = None,
     ) -> None:
         role = role or RoleState.for_config(config.role, config.broker_id, False, 0)
         self.checks = checks = BrokerChecks(config, topics, role)
@@ -65,6 +68,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             if transactions is not None
             else None
         )
+        timer_service = timer(checks) if timer is not None else None
+        self.delayed = (
+            DelayedHandlers(timer_service, metrics) if timer_service is not None else None
+        )
         self.send = SendHandler(
             checks,
             store,
@@ -72,6 +79,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             replication,
             metrics,
             self.transactions.service if self.transactions is not None else None,
+            timer_service.scheduling if timer_service is not None else None,
         )
         self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics, groups)
         self.lookups = LookupHandlers(checks, store, metrics)
@@ -202,3 +210,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     def WatchTransactionChecks(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return self._transactions().WatchTransactionChecks(request, context)
+
+    # ------------------------------------------------------------------ delayed delivery
+    def _delayed(self) -> DelayedHandlers:
+        assert self.delayed is not None, "a broker serving delayed delivery has its timer"
+        return self.delayed
+
+    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._delayed().RecallMessage(request, context)
+
+    async def ListDelayedMessages(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._delayed().ListDelayedMessages(request, context)

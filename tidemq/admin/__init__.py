@@ -1,6 +1,7 @@
 """Administration: ``AsyncAdmin`` (asyncio) and ``Admin`` (blocking) in ``admin``; the shape
 of the cluster status they report in ``status``; consumer groups (settings, receive state) in
-``consumer_groups``; dead-letter queues in ``dead_letters``."""
+``consumer_groups``; dead-letter queues in ``dead_letters``; pending delayed messages in
+``delayed``; open transactions in ``transactions``."""
 
 from tidemq.admin.admin import Admin, AsyncAdmin, QueueStatus
 from tidemq.admin.consumer_groups import (
@@ -9,11 +10,17 @@ from tidemq.admin.consumer_groups import (
     ReceiveState,
     RetryPolicy,
 )
+from tidemq.admin.delayed import DelayedMessage, DelayedMessages
+from tidemq.admin.transactions import OpenTransaction, OpenTransactions
 
 __all__ = [
     "Admin",
     "AsyncAdmin",
     "ConsumerGroup",
+    "DelayedMessage",
+    "DelayedMessages",
+    "OpenTransaction",
+    "OpenTransactions",
     "QueueReceiveState",
     "QueueStatus",
     "ReceiveState",

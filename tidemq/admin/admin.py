@@ -1,6 +1,6 @@
 """``Admin``: topics, consumer groups, offsets and cluster status, for scripts and the CLI.
 Consumer group settings and receive state are in ``consumer_groups``, dead-letter queues in
-``dead_letters``.
+``dead_letters``, pending delayed messages in ``delayed``, open transactions in ``transactions``.
 
 Topics live on brokers; a topic "in a cluster" is the same topic config on every master of the
 cluster (RocketMQ's ``updateTopic -c``). ``create_topic`` waits until the nameservers route the
@@ -20,7 +20,9 @@ import grpc
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.admin.consumer_groups import AsyncConsumerGroups, ConsumerGroups
 from tidemq.admin.dead_letters import AsyncDeadLetters, DeadLetters
+from tidemq.admin.delayed import AsyncDelayed, Delayed
 from tidemq.admin.status import broker_json, broker_status_json, nameserver_json
+from tidemq.admin.transactions import AsyncTransactions, Transactions
 from tidemq.errors import (
     InvalidArgumentError,
     RouteNotFoundError,
@@ -57,7 +59,7 @@ class QueueStatus:
         return max(0, self.max_offset - self.committed_offset)
 
 
-class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters):
+class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters, AsyncDelayed, AsyncTransactions):
     def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
         self._channels = Channels()
         self.nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
@@ -326,7 +328,7 @@ def _gone(route: TopicRoute | None) -> bool:
     return route is None
 
 
-class Admin(ConsumerGroups, DeadLetters):
+class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions):
     """The blocking admin client; every method of ``AsyncAdmin``, waiting for the answer."""
 
     def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:

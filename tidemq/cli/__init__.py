@@ -1,10 +1,10 @@
 """The ``tidemq`` command line.
 
-The client commands (topic, send, consume, receive, consumer-group, dlq, cluster, broker-group,
-bench, health) belong to the SDK and are added here. The server commands (``broker``,
-``nameserver``, ``dev``, ``store``, ``pipeline``) register themselves: each names a function in
-the ``tidemq.commands`` entry-point group (pyproject.toml) that adds its subcommand, so this
-module imports no server code and a client-only use of the CLI loads none.
+The client commands (topic, send, consume, receive, delayed, transactions, consumer-group, dlq,
+cluster, broker-group, bench, health) belong to the SDK and are added here. The server commands
+(``broker``, ``nameserver``, ``dev``, ``store``, ``pipeline``) register themselves: each names a
+function in the ``tidemq.commands`` entry-point group (pyproject.toml) that adds its subcommand,
+so this module imports no server code and a client-only use of the CLI loads none.
 
 Every command sets ``func`` (it returns the exit code) and may set ``log_level``: servers log
 their lifecycle by default, offline tools stay quiet unless ``-v`` is given.
@@ -24,10 +24,12 @@ from tidemq.cli import (
     broker_groups,
     cluster,
     consumer_groups,
+    delayed,
     dlq,
     messages,
     receive,
     topics,
+    transactions,
 )
 from tidemq.errors import TidemqError
 
@@ -38,7 +40,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemq", description="tidemq message broker")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="command", required=True)
-    for module in (topics, messages, receive, consumer_groups, dlq, cluster, broker_groups, bench):
+    for module in (
+        topics,
+        messages,
+        receive,
+        delayed,
+        transactions,
+        consumer_groups,
+        dlq,
+        cluster,
+        broker_groups,
+        bench,
+    ):
         module.add_parsers(sub)
     health.add_parser(sub)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):

@@ -15,6 +15,9 @@ How a send travels (``producer`` -> ``accumulator`` -> ``sender``):
 - **Retries** (``sender``, tenacity): only errors marked retriable, within ``send_timeout_ms``
   in total and at most ``retries`` more attempts. A retry refreshes the route and moves
   messages without a sharding key to another broker group; keyed messages keep their queue.
+- **Transactions** (``transactions``, ``transaction_sends``): ``begin_transaction()`` sends
+  half messages straight to a queue's master (not batched), ends them with EndTransaction, and
+  answers the broker's checks through the producer's ``transaction_checker``.
 - **Answers** (``futures``): every accepted message is answered exactly once; the blocking
   API's ``SendFuture`` wakes its waiters once per response, not once per message.
 """
@@ -22,5 +25,23 @@ How a send travels (``producer`` -> ``accumulator`` -> ``sender``):
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.futures import SendFuture
 from tidemq.producer.producer import AsyncProducer, Producer
+from tidemq.producer.transactions import (
+    AsyncTransaction,
+    AsyncTransactionChecker,
+    Transaction,
+    TransactionChecker,
+    TransactionResolution,
+)
 
-__all__ = ["AsyncProducer", "Producer", "ProducerConfig", "ProducerStats", "SendFuture"]
+__all__ = [
+    "AsyncProducer",
+    "AsyncTransaction",
+    "AsyncTransactionChecker",
+    "Producer",
+    "ProducerConfig",
+    "ProducerStats",
+    "SendFuture",
+    "Transaction",
+    "TransactionChecker",
+    "TransactionResolution",
+]

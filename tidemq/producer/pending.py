@@ -28,6 +28,7 @@ class Pending:
         "body",
         "born_ms",
         "deadline",
+        "delivery",
         "future",
         "keys",
         "properties",
@@ -61,3 +62,5 @@ class Pending:
         self.sharding_key = sharding_key
         self.queue: MessageQueue | None = None
         self.batch_id = 0  # send_batch: all of one id travel together, to one queue
+        # Delayed delivery: (deliver_at_ms, delay_ms, delay_level) as the wire has them.
+        self.delivery: tuple[int, int, int] | None = None

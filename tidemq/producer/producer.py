@@ -8,6 +8,7 @@ routed yet waits for its route) and handed to the accumulator, which batches it 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import random
 import threading
@@ -20,10 +21,14 @@ from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.errors import ClientClosedError, InvalidArgumentError, TidemqError
 from tidemq.producer.accumulator import Accumulator
 from tidemq.producer.config import ProducerConfig, ProducerStats
+from tidemq.producer.delivery import delivery
 from tidemq.producer.futures import Hub, SendFuture, Unanswered
 from tidemq.producer.pending import Pending
+from tidemq.producer.recall import recall_message
 from tidemq.producer.routing import QueueSelector
 from tidemq.producer.sender import FAILOVER_POLL_S, Sender
+from tidemq.producer.transaction_sends import TransactionalSends
+from tidemq.producer.transactions import AsyncTransaction, Transaction
 from tidemq.routes import NameServerClient, RouteCache, TopicRoute
 from tidemq.types import Message, SendResult, message_group_of
 
@@ -61,6 +66,10 @@ class AsyncProducer:
     """Sends messages from an asyncio program. Use as ``async with AsyncProducer(...) as p``."""
 
     def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
+        # Transactions (``transactions``): the checker answers the broker's checks; the topics
+        # name where to watch for them before this producer sends a transaction itself.
+        checker = settings.pop("transaction_checker", None)
+        self._transaction_topics = tuple(settings.pop("transaction_topics", ()))
         self.config = ProducerConfig(**settings)
         self._nameservers = nameserver_addresses(nameserver)
         self._awaiting_route: dict[str, list[Pending]] = {}
@@ -84,6 +93,7 @@ class AsyncProducer:
             self.config, self._channels, self._selector, self._unanswered, self.stats
         )
         self._accumulator = Accumulator(self.config, self._sender, self._spawn)
+        self._transactions = TransactionalSends(self, checker)
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> AsyncProducer:
@@ -91,6 +101,8 @@ class AsyncProducer:
             self._loop = asyncio.get_running_loop()
             self._started = True
             self._spawn(self._refresh_routes())
+            for topic in self._transaction_topics:
+                self._spawn(self._transactions.watch_topic(topic))
         return self
 
     async def __aenter__(self) -> AsyncProducer:
@@ -133,6 +145,11 @@ class AsyncProducer:
             await self.routes.refresh_all()
 
     # ------------------------------------------------------------------ public sends
+    def begin_transaction(self) -> AsyncTransaction:
+        """A transaction: its sends are invisible until it commits (``transactions``)."""
+        self._check_open()
+        return AsyncTransaction(self._transactions)
+
     async def send(
         self,
         topic: str,
@@ -143,11 +160,19 @@ class AsyncProducer:
         properties: Mapping[str, str] | None = None,
         sharding_key: str | None = None,
         message_group: str | None = None,
+        deliver_at: dt.datetime | int | None = None,
+        delay: dt.timedelta | float | None = None,
+        delay_level: int | None = None,
     ) -> SendResult:
+        """``deliver_at`` (a datetime, or ms since the epoch), ``delay`` (a timedelta, or
+        seconds) or ``delay_level`` (1..18, RocketMQ 4's levels): the message becomes visible
+        then, not now (``delivery``); its result carries ``recall_handle``."""
         self._check_open()
         group = _message_group(message_group, sharding_key)
+        when = delivery(deliver_at, delay, delay_level)
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
         pending = self.pending(topic, body, tag, keys, properties, future, group)
+        pending.delivery = when
         self._unanswered.expect(1)
         self._accept(pending)
         return await future
@@ -189,6 +214,14 @@ class AsyncProducer:
         # Past the accumulator: the batch is one request already.
         await self._sender.deliver(pendings)
         return [await f for f in futures]
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancel a pending delayed message by the handle its send returned; returns its
+        msg_id. ``DelayedMessageNotFound`` once it is delivered (or recalled already)."""
+        self._check_open()
+        return await recall_message(
+            self.routes, self._channels, topic, recall_handle, self.config.send_timeout_ms
+        )
 
     # ------------------------------------------------------------------ for the blocking API
     def submit_threadsafe(self, pending: Pending) -> None:
@@ -338,6 +371,9 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         sharding_key: str | None = None,
         message_group: str | None = None,
+        deliver_at: dt.datetime | int | None = None,
+        delay: dt.timedelta | float | None = None,
+        delay_level: int | None = None,
     ) -> SendResult:
         return self.send_async(
             topic,
@@ -347,6 +383,9 @@ class Producer:
             properties=properties,
             sharding_key=sharding_key,
             message_group=message_group,
+            deliver_at=deliver_at,
+            delay=delay,
+            delay_level=delay_level,
         ).result()
 
     def send_async(
@@ -359,10 +398,15 @@ class Producer:
         properties: Mapping[str, str] | None = None,
         sharding_key: str | None = None,
         message_group: str | None = None,
+        deliver_at: dt.datetime | int | None = None,
+        delay: dt.timedelta | float | None = None,
+        delay_level: int | None = None,
     ) -> SendFuture:
         future = SendFuture(self._hub)
         group = _message_group(message_group, sharding_key)
+        when = delivery(deliver_at, delay, delay_level)
         pending = self._core.pending(topic, body, tag, keys, properties, future, group)
+        pending.delivery = when
         limit = self.config.buffer_max_messages
         hub = self._hub
         with self._submit_lock:
@@ -379,8 +423,17 @@ class Producer:
     def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
         return self._runner.run(self._core.send_batch(list(messages)))
 
+    def begin_transaction(self) -> Transaction:
+        """A transaction: its sends are invisible until it commits (``transactions``)."""
+        self._core._check_open()
+        return Transaction(self._core._transactions, self._runner)
+
     def flush(self) -> None:
         self._runner.run(self._core.flush())
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        """``AsyncProducer.recall``."""
+        return self._runner.run(self._core.recall(topic, recall_handle))
 
     @property
     def stats(self) -> ProducerStats:

@@ -52,6 +52,8 @@ def _add_to_request(request: Any, p: Pending) -> None:
         m.properties.update(p.properties)
     if p.sharding_key is not None:
         m.properties[MESSAGE_GROUP_PROPERTY] = p.sharding_key
+    if p.delivery is not None:
+        m.deliver_at_ms, m.delay_ms, m.delay_level = p.delivery
 
 
 class Sender:
@@ -220,6 +222,8 @@ class Sender:
                 r.commitlog_offset,
                 epoch,
                 address,
+                r.recall_handle,
+                r.deliver_at_ms,
             )
             complete(p, result, wake=False)
         # Blocked callers are woken once for the whole answer, not once per message.

@@ -21,10 +21,12 @@ from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
 from tidemq.services.broker.receive.dead_letter import client_may_send
+from tidemq.services.broker.timer.scheduling import Scheduling
 from tidemq.services.broker.topics import TopicConfig
 from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.errors import invalid, system_topic
 from tidemq.storage import MessageStore, PutStatus
+from tidemq.storage.clock import now_ms
 from tidemq.storage.config import parse_host
 
 
@@ -37,6 +39,7 @@ class SendHandler:
         replication: ReplicationServicer | None,
         metrics: BrokerMetrics | None,
         transactions: TransactionService | None = None,
+        timer: Scheduling | None = None,
     ) -> None:
         self.checks = checks
         self.config = checks.config
@@ -47,6 +50,7 @@ class SendHandler:
         self.replication = replication
         self.metrics = metrics
         self.transactions = transactions
+        self.timer = timer
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -69,9 +73,15 @@ class SendHandler:
                 cfg = configs[name] = await self._writable_topic(name)
             checks.check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
+        timer = self.timer
+        delayed = None
         if request.transactional:
             batch = self._transactions().halves_of(request, batch)
+        elif timer is not None:
+            delayed = timer.prepare(request.messages, batch, now_ms())
         put = self.store.put_messages(batch)
+        if timer is not None and delayed:
+            timer.stored(delayed, put)
         work_done()  # what is left is waiting: the connection may run its next request
         if self.replication is not None:
             self.replication.notify_appended()
@@ -101,6 +111,8 @@ class SendHandler:
             )
         if request.transactional:
             self._transactions().fill_results(request, response, batch)
+        if timer is not None and delayed:
+            timer.fill(delayed, response.results, put.results)
         return response
 
     def _transactions(self) -> TransactionService:

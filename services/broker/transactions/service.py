@@ -42,8 +42,8 @@ from tidemq.storage.clock import now_ms
 log = logging.getLogger(__name__)
 
 _RESOLUTIONS = {
-    common_pb2.COMMIT: Resolution.COMMIT,
-    common_pb2.ROLLBACK: Resolution.ROLLBACK,
+    broker_pb2.COMMIT: Resolution.COMMIT,
+    broker_pb2.ROLLBACK: Resolution.ROLLBACK,
 }
 MAX_LIST = 1000
 
@@ -146,7 +146,7 @@ class TransactionService:
     # ------------------------------------------------------------------ EndTransaction
     async def end(self, req: Any) -> Any:
         resolution = _RESOLUTIONS.get(req.resolution)
-        if resolution is None and req.resolution != common_pb2.UNKNOWN:
+        if resolution is None and req.resolution != broker_pb2.UNKNOWN:
             raise invalid("resolution must be COMMIT, ROLLBACK or UNKNOWN")
         txid = self._parse(req.transaction_id)
         await self.lead()

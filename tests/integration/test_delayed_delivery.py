@@ -1,0 +1,162 @@
+"""Delayed delivery through a real broker and the SDK: a delayed message is invisible until its
+delivery time and visible within a second after it; delay levels; recall; a past time is now; a
+time beyond max_delay_ms is refused and stores nothing; the pending list."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pytest
+
+import tidemq
+from tests.integration.conftest import NameServerProcess, StartBroker
+from tests.integration.delayed import Arrivals, list_delayed
+from tests.integration.receive_cluster import create_topic, routed_broker
+from tests.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "reminders"
+LATE_MS = 1_000
+
+
+def test_a_delayed_message_arrives_no_earlier_than_due_within_a_second_as_it_was_sent(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=2)
+    with (
+        tidemq.Producer(nameserver.address) as producer,
+        Arrivals(nameserver.address, TOPIC) as seen,
+    ):
+        now = time.time()
+        results = {}
+        for i, delay in enumerate((1.0, 2.5, 1.5)):
+            body = f"d{i}".encode()
+            results[body] = producer.send(
+                TOPIC,
+                body,
+                tag="remind",
+                keys=[f"key{i}"],
+                properties={"who": "alice"},
+                delay=delay,
+            )
+        at = dt.datetime.fromtimestamp(now + 2, tz=dt.UTC)
+        results[b"at"] = producer.send(TOPIC, b"at", deliver_at=at)
+        for body, r in results.items():
+            assert r.ok and r.recall_handle and r.deliver_at_ms > now * 1000, (body, r)
+            assert r.queue_offset == -1
+        assert results[b"at"].deliver_at_ms == round((now + 2) * 1000)
+        wait_until(lambda: seen.count() == 4, 15, "the four delayed messages")
+    for body, r in results.items():
+        m = seen.got[body]
+        assert m.store_timestamp_ms >= r.deliver_at_ms, f"{body!r} visible before it was due"
+        assert m.store_timestamp_ms - r.deliver_at_ms <= LATE_MS, f"{body!r} late"
+        assert m.topic == TOPIC and m.queue_id == r.queue_id
+        assert m.properties.get("TIMER_DELIVER_MS") == str(r.deliver_at_ms)
+        assert "REAL_TOPIC" not in m.properties and "REAL_QID" not in m.properties
+    d0 = seen.got[b"d0"]
+    assert (d0.tag, d0.keys, d0.properties["who"]) == ("remind", ("key0",), "alice")
+    assert seen.copies == dict.fromkeys(results, 1)
+
+
+def test_delay_level_two_delivers_after_five_seconds(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=1)
+    with (
+        tidemq.Producer(nameserver.address) as producer,
+        Arrivals(nameserver.address, TOPIC) as seen,
+    ):
+        before = time.time() * 1000
+        r = producer.send(TOPIC, b"level2", delay_level=2)
+        assert 5_000 <= r.deliver_at_ms - before <= 5_000 + 2_000
+        wait_until(lambda: seen.has(b"level2"), 15, "the level-2 message")
+    m = seen.got[b"level2"]
+    assert r.deliver_at_ms <= m.store_timestamp_ms <= r.deliver_at_ms + LATE_MS
+
+
+def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_found(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    broker = routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=1)
+    create_topic(nameserver, "another-topic", queues=1)
+    with (
+        tidemq.Producer(nameserver.address) as producer,
+        Arrivals(nameserver.address, TOPIC) as seen,
+    ):
+        kept = producer.send(TOPIC, b"kept", delay=2)
+        gone = producer.send(TOPIC, b"gone", delay=1)
+        assert producer.recall(TOPIC, gone.recall_handle) == gone.msg_id
+        with pytest.raises(tidemq.errors.DelayedMessageNotFound):
+            producer.recall(TOPIC, gone.recall_handle)  # recalled already
+        listed = list_delayed(broker, TOPIC)
+        assert listed.total == 1 and [m.msg_id for m in listed.messages] == [kept.msg_id]
+        wait_until(lambda: seen.has(b"kept"), 15, "the kept message")
+        with pytest.raises(tidemq.errors.DelayedMessageNotFound):
+            producer.recall(TOPIC, kept.recall_handle)  # delivered already
+        with pytest.raises(tidemq.errors.InvalidArgumentError):
+            producer.recall("another-topic", kept.recall_handle)
+        with pytest.raises(tidemq.errors.InvalidArgumentError):
+            producer.recall(TOPIC, "not-a-handle")
+        # "gone" was due a second before "kept": had it not been recalled, it would be here.
+        assert not seen.has(b"gone")
+    assert list_delayed(broker, TOPIC).total == 0
+
+
+def test_a_time_already_past_is_delivered_now_in_its_topic(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=1)
+    with (
+        tidemq.Producer(nameserver.address) as producer,
+        Arrivals(nameserver.address, TOPIC) as seen,
+    ):
+        r = producer.send(TOPIC, b"past", deliver_at=int(time.time() * 1000) - 60_000)
+        assert r.ok and r.queue_offset == 0 and not r.recall_handle and r.deliver_at_ms == 0
+        wait_until(lambda: seen.has(b"past"), 10, "the past message")
+        assert "TIMER_DELIVER_MS" not in seen.got[b"past"].properties
+
+
+def test_a_delay_beyond_max_delay_is_refused_and_nothing_is_stored(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    broker = routed_broker(start_broker, nameserver, "--max-delay-ms", "60000")
+    create_topic(nameserver, TOPIC, queues=1)
+    with tidemq.Producer(nameserver.address) as producer:
+        with pytest.raises(tidemq.errors.DelayTooLong) as e:
+            producer.send(TOPIC, b"too-far", delay=61)
+        assert not e.value.retriable
+        ok = producer.send(TOPIC, b"near", delay=59)
+    listed = list_delayed(broker)
+    assert listed.total == 1 and listed.messages[0].msg_id == ok.msg_id
+
+
+def test_the_pending_list_is_soonest_first_per_topic_with_the_total(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    broker = routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=1)
+    create_topic(nameserver, "other", queues=1)
+    with tidemq.Producer(nameserver.address) as producer:
+        late = producer.send(TOPIC, b"late", delay=300, tag="t", keys=["k"])
+        soon = producer.send(TOPIC, b"soon", delay=100)
+        producer.send("other", b"elsewhere", delay=50)
+    listed = list_delayed(broker, TOPIC, limit=1)
+    assert listed.total == 2
+    assert [m.msg_id for m in listed.messages] == [soon.msg_id]
+    assert list_delayed(broker).total == 3
+    everything = list_delayed(broker, TOPIC).messages
+    assert [m.msg_id for m in everything] == [soon.msg_id, late.msg_id]
+    m = everything[1]
+    assert (m.topic, m.tag, list(m.keys), m.recall_handle) == (
+        TOPIC,
+        "t",
+        ["k"],
+        late.recall_handle,
+    )
+    assert m.deliver_at_ms == late.deliver_at_ms

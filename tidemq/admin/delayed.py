@@ -1,0 +1,137 @@
+"""Pending delayed messages in the admin client (docs/production.md): list them across the
+cluster's masters, soonest first, and recall (cancel) one by the handle its send returned.
+``AsyncDelayed`` is mixed into ``AsyncAdmin``, ``Delayed`` into ``Admin``.
+
+A delayed message waits on the master of the broker group that stored it, so both calls go to
+masters; a group without a master now (a failover under way) is an error, not an empty answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from tidemq._runtime import LoopThread
+from tidemq.errors import (
+    DelayedMessageNotFound,
+    InvalidArgumentError,
+    RouteNotFoundError,
+    TidemqError,
+)
+from tidemq.protos import broker_pb2
+
+
+@dataclass(frozen=True)
+class DelayedMessage:
+    """One pending delayed message: where and when it will be delivered, and its handle."""
+
+    broker: str  # the broker group holding it
+    topic: str
+    queue_id: int
+    msg_id: str
+    deliver_at_ms: int
+    recall_handle: str
+    tag: str | None
+    keys: tuple[str, ...]
+    stored_at_ms: int
+
+    @classmethod
+    def from_proto(cls, m: Any, broker: str) -> DelayedMessage:
+        return cls(
+            broker=broker,
+            topic=m.topic,
+            queue_id=m.queue_id,
+            msg_id=m.msg_id,
+            deliver_at_ms=m.deliver_at_ms,
+            recall_handle=m.recall_handle,
+            tag=m.tag or None,
+            keys=tuple(m.keys),
+            stored_at_ms=m.stored_at_ms,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["keys"] = list(self.keys)
+        return out
+
+
+@dataclass(frozen=True)
+class DelayedMessages:
+    """At most ``limit`` pending messages, soonest first, and how many are pending in all."""
+
+    messages: list[DelayedMessage]
+    total: int
+
+
+def check_limit(limit: int) -> None:
+    if limit <= 0:
+        raise InvalidArgumentError("limit must be > 0", code="INVALID_ARGUMENT")
+
+
+class AsyncDelayed:
+    """Mixed into ``AsyncAdmin``, which provides ``_call`` and ``masters``."""
+
+    if TYPE_CHECKING:
+
+        async def _call(
+            self, address: str, method: str, request: Any, timeout_s: float = ...
+        ) -> Any: ...
+
+        async def masters(self, cluster: str | None = None) -> dict[str, str]: ...
+
+    async def _all_masters(self) -> dict[str, str]:
+        masters = await self.masters()
+        if not masters:
+            raise RouteNotFoundError("no master broker in any cluster", code="ROUTE_NOT_FOUND")
+        return masters
+
+    async def list_delayed(self, topic: str | None = None, *, limit: int = 100) -> DelayedMessages:
+        """Pending delayed messages of ``topic`` (default: every topic) on every master, soonest
+        first; ``total`` counts them all, ``messages`` holds at most ``limit``."""
+        check_limit(limit)
+        request = broker_pb2.ListDelayedMessagesRequest(topic=topic or "", limit=limit)
+        found: list[DelayedMessage] = []
+        total = 0
+        for name, address in sorted((await self._all_masters()).items()):
+            resp = await self._call(address, "ListDelayedMessages", request)
+            total += resp.total
+            found += [DelayedMessage.from_proto(m, name) for m in resp.messages]
+        found.sort(key=lambda m: (m.deliver_at_ms, m.broker, m.msg_id))
+        return DelayedMessages(found[:limit], total)
+
+    async def recall(self, topic: str, recall_handle: str) -> str:
+        """Cancels a pending delayed message of ``topic`` by the handle its send returned (RocketMQ
+        5's recall); returns its message id. ``DelayedMessageNotFound`` once it was delivered or
+        recalled already; ``InvalidArgumentError`` for a damaged handle or another topic's."""
+        if not topic or not recall_handle:
+            raise InvalidArgumentError(
+                "recall needs a topic and a recall handle", code="INVALID_ARGUMENT"
+            )
+        request = broker_pb2.RecallMessageRequest(topic=topic, recall_handle=recall_handle)
+        # The handle names the broker group that holds the message; a master of another group
+        # refuses it as not its own, so asking each master in turn finds the one that knows it.
+        refusals: list[TidemqError] = []
+        for _, address in sorted((await self._all_masters()).items()):
+            try:
+                resp = await self._call(address, "RecallMessage", request)
+            except (DelayedMessageNotFound, InvalidArgumentError) as e:
+                refusals.append(e)
+                continue
+            return str(resp.msg_id)
+        # "Not found" from the group the handle names says more than "not mine" from the others.
+        not_found = [r for r in refusals if isinstance(r, DelayedMessageNotFound)]
+        raise (not_found or refusals)[0]
+
+
+class Delayed:
+    """Mixed into ``Admin``: the blocking versions."""
+
+    if TYPE_CHECKING:
+        _core: AsyncDelayed
+        _runner: LoopThread
+
+    def list_delayed(self, topic: str | None = None, *, limit: int = 100) -> DelayedMessages:
+        return self._runner.run(self._core.list_delayed(topic, limit=limit))
+
+    def recall(self, topic: str, recall_handle: str) -> str:
+        return self._runner.run(self._core.recall(topic, recall_handle))

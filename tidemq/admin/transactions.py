@@ -1,0 +1,100 @@
+"""Open transactions in the admin client (docs/production.md): half messages that were neither
+committed nor rolled back yet, listed across the cluster's masters, oldest first (the ones the
+checker asks about first). ``AsyncTransactions`` is mixed into ``AsyncAdmin``,
+``Transactions`` into ``Admin``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from tidemq._runtime import LoopThread
+from tidemq.admin.delayed import check_limit
+from tidemq.errors import RouteNotFoundError
+from tidemq.protos import broker_pb2
+
+
+@dataclass(frozen=True)
+class OpenTransaction:
+    """One open transaction: its half message, and how often the broker asked about it."""
+
+    broker: str  # the broker group holding the half message
+    transaction_id: str
+    producer_group: str
+    topic: str
+    queue_id: int
+    msg_id: str
+    stored_at_ms: int
+    checks: int
+    last_check_ms: int | None  # None: never checked yet
+
+    @classmethod
+    def from_proto(cls, t: Any, broker: str) -> OpenTransaction:
+        return cls(
+            broker=broker,
+            transaction_id=t.transaction_id,
+            producer_group=t.producer_group,
+            topic=t.topic,
+            queue_id=t.queue_id,
+            msg_id=t.msg_id,
+            stored_at_ms=t.stored_at_ms,
+            checks=t.checks,
+            last_check_ms=t.last_check_ms or None,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class OpenTransactions:
+    """At most ``limit`` open transactions, oldest first, and how many are open in all."""
+
+    transactions: list[OpenTransaction]
+    total: int
+
+
+class AsyncTransactions:
+    """Mixed into ``AsyncAdmin``, which provides ``_call`` and ``masters``."""
+
+    if TYPE_CHECKING:
+
+        async def _call(
+            self, address: str, method: str, request: Any, timeout_s: float = ...
+        ) -> Any: ...
+
+        async def masters(self, cluster: str | None = None) -> dict[str, str]: ...
+
+    async def list_transactions(
+        self, producer_group: str | None = None, *, limit: int = 100
+    ) -> OpenTransactions:
+        """Open transactions of ``producer_group`` (default: every group) on every master,
+        oldest first; ``total`` counts them all, ``transactions`` holds at most ``limit``."""
+        check_limit(limit)
+        masters = await self.masters()
+        if not masters:
+            raise RouteNotFoundError("no master broker in any cluster", code="ROUTE_NOT_FOUND")
+        request = broker_pb2.ListTransactionsRequest(
+            producer_group=producer_group or "", limit=limit
+        )
+        found: list[OpenTransaction] = []
+        total = 0
+        for name, address in sorted(masters.items()):
+            resp = await self._call(address, "ListTransactions", request)
+            total += resp.total
+            found += [OpenTransaction.from_proto(t, name) for t in resp.transactions]
+        found.sort(key=lambda t: (t.stored_at_ms, t.broker, t.transaction_id))
+        return OpenTransactions(found[:limit], total)
+
+
+class Transactions:
+    """Mixed into ``Admin``: the blocking versions."""
+
+    if TYPE_CHECKING:
+        _core: AsyncTransactions
+        _runner: LoopThread
+
+    def list_transactions(
+        self, producer_group: str | None = None, *, limit: int = 100
+    ) -> OpenTransactions:
+        return self._runner.run(self._core.list_transactions(producer_group, limit=limit))
