@@ -7,7 +7,7 @@ opaque UNKNOWN, and never changes anything before it is fully validated.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -208,8 +208,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def ListTransactions(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._transactions().ListTransactions(request, context)
 
-    def WatchTransactionChecks(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return self._transactions().WatchTransactionChecks(request, context)
+    async def WatchTransactionChecks(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        # An async generator itself: gRPC tells a streaming handler by its function's kind.
+        async for check in self._transactions().WatchTransactionChecks(request, context):
+            yield check
 
     # ------------------------------------------------------------------ delayed delivery
     def _delayed(self) -> DelayedHandlers:

@@ -159,6 +159,8 @@ class TransactionService:
             )
         if resolution is None:
             return broker_pb2.EndTransactionResponse()  # the checker asks again later
+        # An answer to a check is the producer's decision too: by="check" counts what the
+        # broker resolved alone (exhaustion), the figure that says producers go missing.
         put, committed = self._resolve(h, resolution, by_check=False)
         await self._durable(put)
         if committed is None:
