@@ -60,3 +60,73 @@ def list_delayed(
     return broker.stub().ListDelayedMessages(
         broker_pb2.ListDelayedMessagesRequest(topic=topic, limit=limit), timeout=10
     )
+
+
+def stored(broker: BrokerProcess, topic: str, queues: int) -> dict[bytes, list[int]]:
+    """Every message of ``topic`` on ``broker``: body -> the store times of its copies (when
+    each became visible in its topic)."""
+    out: dict[bytes, list[int]] = {}
+    for q in range(queues):
+        offset = 0
+        while True:
+            r = broker.stub().PullMessage(
+                broker_pb2.PullMessageRequest(
+                    group="delayed-scan", topic=topic, queue_id=q, offset=offset, max_messages=512
+                ),
+                timeout=10,
+            )
+            if not r.messages:
+                break
+            for m in r.messages:
+                out.setdefault(m.body, []).append(m.store_timestamp_ms)
+            offset = r.next_offset
+    return out
+
+
+@dataclass
+class Schedule:
+    """What a run of delayed sends was told: body -> the delivery time its result named (0:
+    due at once, stored directly)."""
+
+    due: dict[bytes, int] = field(default_factory=dict)
+
+    def send(self, producer: tidemq.Producer, topic: str, delays_s: list[float]) -> None:
+        futures = [
+            (f"m{i}".encode(), producer.send_async(topic, f"m{i}".encode(), delay=d))
+            for i, d in enumerate(delays_s)
+        ]
+        for body, f in futures:
+            r = f.result()
+            assert r.ok, r
+            self.due[body] = r.deliver_at_ms
+
+
+def lateness_report(
+    due: dict[bytes, int], seen: dict[bytes, list[int]], outage: tuple[float, float]
+) -> tuple[list[str], list[int], list[str]]:
+    """(problems, lateness in ms of messages due while a master served, messages due during
+    the outage delivered later than a second after it). ``outage``: (from, to) in ms."""
+    problems: list[str] = []
+    late: list[int] = []
+    after_outage: list[str] = []
+    for body, at in due.items():
+        copies = seen.get(body)
+        if not copies:
+            problems.append(f"{body!r} lost")
+            continue
+        first = min(copies)
+        if at and first < at:
+            problems.append(f"{body!r} visible at {first}, before its time {at}")
+        if not at:
+            continue
+        if outage[0] <= at <= outage[1]:
+            if first > outage[1] + 1_000:
+                after_outage.append(f"{body!r} due {at} in the outage, visible at {first}")
+        else:
+            late.append(first - at)
+    return problems, late, after_outage
+
+
+def p99(values: list[int]) -> int:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] if ordered else 0
