@@ -256,6 +256,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="snapshot the receive state this often when changed (10000)",
     )
     p.add_argument(
+        "--idempotence-max-producers",
+        type=int,
+        metavar="N",
+        help="idempotent producers whose sequences are remembered, LRU (100000)",
+    )
+    p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
     )
@@ -308,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         "transaction_exhausted_resolution",
         "max_delay_ms",
         "timer_tick_ms",
+        "idempotence_max_producers",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

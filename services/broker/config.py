@@ -117,6 +117,9 @@ class BrokerConfig:
     # timer_tick_ms.
     max_delay_ms: int = 40 * 86_400_000
     timer_tick_ms: int = 100
+    # Idempotent sends (docs/production.md): producers whose sequences the broker remembers,
+    # least recently used first out; a forgotten producer's next send is accepted as it comes.
+    idempotence_max_producers: int = 100_000
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -167,6 +170,7 @@ class BrokerConfig:
             "transaction_check_max",
             "max_delay_ms",
             "timer_tick_ms",
+            "idempotence_max_producers",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")

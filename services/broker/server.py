@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tidemq.services.broker.timer.wheel import TimerWheel
 
 from tidemq.protos import (
     broker_pb2,
@@ -30,6 +29,7 @@ from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks
+from tidemq.services.broker.idempotence.figures import IdempotenceCollector
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.nameserver_registration import NameserverRegistration
@@ -53,6 +53,7 @@ from tidemq.services.broker.store_failure import StepAside
 from tidemq.services.broker.timer.figures import TimerMetrics
 from tidemq.services.broker.timer.journal import TimerJournal
 from tidemq.services.broker.timer.service import TimerService
+from tidemq.services.broker.timer.wheel import TimerWheel
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.transactions.figures import TransactionCollector
 from tidemq.services.broker.transactions.log import TransactionLog
@@ -267,6 +268,8 @@ class Broker:
         )
         assert self.timer is not None
         assert self.servicer.receive is not None
+        if self.metrics is not None:
+            self.metrics.registry.register(IdempotenceCollector(self.servicer.send.idempotence))
         self.reviver = Reviver(
             self.servicer.receive.service,
             self.servicer.receive.settle,
@@ -319,6 +322,7 @@ class Broker:
             asyncio.create_task(self._every(10_000, self._expire_clients)),
             asyncio.create_task(self.registration.run()),
             asyncio.create_task(self.journal.follow()),
+            asyncio.create_task(self.servicer.send.idempotence.scan.follow()),
             asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
             asyncio.create_task(self.transaction_log.follow()),
             asyncio.create_task(self._every(self._transaction_round_ms(), self._check_round)),

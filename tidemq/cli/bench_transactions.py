@@ -18,7 +18,7 @@ from collections.abc import Callable
 from itertools import count
 from typing import Any
 
-from tidemq import Message, TransactionChecker, TransactionResolution
+from tidemq import TransactionChecker, TransactionResolution
 from tidemq.producer import Producer
 from tidemq.types import ReceivedMessage
 
@@ -56,7 +56,7 @@ class _Workers:
         t = time.perf_counter()
         try:
             tx = self.producer.begin_transaction()
-            tx.send(Message(self.topic, self.body))
+            tx.send(self.topic, self.body)
             tx.commit()
         except Exception as e:  # noqa: BLE001 - counted by type and reported, the run goes on
             with self.lock:

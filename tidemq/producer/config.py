@@ -18,6 +18,14 @@ class ProducerConfig:
     retries: int = 2
     route_refresh_ms: int = 30_000
     failure_isolation_ms: int = 30_000
+    # Idempotent sends (docs/production.md): the broker stores a retried message once. A
+    # random producer id per producer, or ``producer_id`` (1 .. 2**63-1) to keep one across
+    # restarts. An idempotent attempt that takes longer than attempt_timeout_ms is abandoned
+    # and retried on the same queue (safe: a retry of a stored message is answered, not
+    # stored again), until send_timeout_ms.
+    idempotent: bool = True
+    producer_id: int | None = None
+    attempt_timeout_ms: int = 3_000
 
     def __post_init__(self) -> None:
         problems = []
@@ -28,6 +36,7 @@ class ProducerConfig:
             "buffer_max_messages",
             "send_timeout_ms",
             "route_refresh_ms",
+            "attempt_timeout_ms",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
@@ -36,6 +45,10 @@ class ProducerConfig:
                 problems.append(f"{name} must be >= 0")
         if self.batch_max_messages > 1024:
             problems.append("batch_max_messages must be <= 1024 (the broker's limit)")
+        if self.producer_id is not None and not 0 < self.producer_id < 1 << 63:
+            problems.append("producer_id must be in 1 .. 2**63-1")
+        if self.producer_id is not None and not self.idempotent:
+            problems.append("producer_id is for idempotent producers")
         if problems:
             raise ValueError("invalid producer settings: " + "; ".join(problems))
 

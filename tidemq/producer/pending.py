@@ -31,8 +31,10 @@ class Pending:
         "delivery",
         "future",
         "keys",
+        "producer_epoch",
         "properties",
         "queue",
+        "sequence",
         "sharding_key",
         "size",
         "tag",
@@ -64,3 +66,6 @@ class Pending:
         self.batch_id = 0  # send_batch: all of one id travel together, to one queue
         # Delayed delivery: (deliver_at_ms, delay_ms, delay_level) as the wire has them.
         self.delivery: tuple[int, int, int] | None = None
+        # Idempotent producers (``idempotence``): given with the queue, kept through retries.
+        self.sequence = -1
+        self.producer_epoch = -1

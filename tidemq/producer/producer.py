@@ -23,6 +23,7 @@ from tidemq.producer.accumulator import Accumulator
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.delivery import delivery
 from tidemq.producer.futures import Hub, SendFuture, Unanswered
+from tidemq.producer.idempotence import ProducerIdentity
 from tidemq.producer.pending import Pending
 from tidemq.producer.recall import recall_message
 from tidemq.producer.routing import QueueSelector
@@ -88,9 +89,12 @@ class AsyncProducer:
         # The produce path: placed on a queue by the selector, batched by the accumulator,
         # sent by the sender, answered through ``_unanswered``.
         self._unanswered = Unanswered()
+        self.identity = (
+            ProducerIdentity(self.config.producer_id) if self.config.idempotent else None
+        )
         self._selector = QueueSelector(self.routes, self.config)
         self._sender = Sender(
-            self.config, self._channels, self._selector, self._unanswered, self.stats
+            self.config, self._channels, self._selector, self._unanswered, self.stats, self.identity
         )
         self._accumulator = Accumulator(self.config, self._sender, self._spawn)
         self._transactions = TransactionalSends(self, checker)
@@ -211,6 +215,8 @@ class AsyncProducer:
             raise
         for p in pendings:
             p.queue = queue
+            if self.identity is not None:
+                self.identity.assign(p)
         # Past the accumulator: the batch is one request already.
         await self._sender.deliver(pendings)
         return [await f for f in futures]
@@ -330,6 +336,8 @@ class AsyncProducer:
                 self._unanswered.fail(p, e)
             return
         p.queue = queue
+        if self.identity is not None:
+            self.identity.assign(p)
         self._accumulator.append(p, queue.broker_name)
 
 

@@ -20,6 +20,7 @@ from tidemq._runtime import Channels, backoff, monotonic_ms
 from tidemq.errors import RequestTimeoutError, RouteNotFoundError, TidemqError, from_rpc_error
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.futures import SendFuture, Unanswered
+from tidemq.producer.idempotence import ProducerIdentity
 from tidemq.producer.pending import Pending
 from tidemq.producer.routing import QueueSelector
 from tidemq.protos import broker_pb2, broker_pb2_grpc
@@ -36,6 +37,9 @@ class _Retriable(Exception):
         super().__init__(str(error))
         self.error = error
         self.left = left
+        # Idempotent messages keep their queue and are retried until their deadline: a
+        # retry cannot store them twice.
+        self.keep_trying = bool(left) and all(p.sequence >= 0 for p in left)
 
 
 def _add_to_request(request: Any, p: Pending) -> None:
@@ -45,6 +49,7 @@ def _add_to_request(request: Any, p: Pending) -> None:
         queue_id=p.queue.queue_id if p.queue else 0,
         born_timestamp_ms=p.born_ms,
         tag=p.tag,
+        sequence=max(p.sequence, 0),
     )
     if p.keys:
         m.keys.extend(p.keys)
@@ -67,8 +72,10 @@ class Sender:
         selector: QueueSelector,
         unanswered: Unanswered,
         stats: ProducerStats,
+        identity: ProducerIdentity | None = None,
     ) -> None:
         self.config = config
+        self.identity = identity
         self._channels = channels
         self._selector = selector
         self._unanswered = unanswered
@@ -107,11 +114,16 @@ class Sender:
                 raise e.error from None
         except TidemqError as e:
             for p in remaining:
-                self._unanswered.fail(p, e)
+                self._fail(p, e)
         except Exception as e:  # a bug must still answer every caller
             log.exception("send failed unexpectedly")
             for p in remaining:
-                self._unanswered.fail(p, TidemqError(f"{type(e).__name__}: {e}"))
+                self._fail(p, TidemqError(f"{type(e).__name__}: {e}"))
+
+    def _fail(self, p: Pending, error: TidemqError) -> None:
+        self._unanswered.fail(p, error)
+        if p.sequence >= 0 and self.identity is not None:
+            self.identity.settle(p, stored=False)
 
     async def _reroute(self, batch: list[Pending], avoid: frozenset[str]) -> list[Pending]:
         chosen: dict[tuple[str, int], MessageQueue] = {}
@@ -119,6 +131,8 @@ class Sender:
             topic = p.topic
             self._selector.routes.invalidate(topic)
             route = await self._selector.route(topic)
+            if p.sequence >= 0:
+                continue  # idempotent: its queue and sequence go together, to the same group
             key = (topic, p.batch_id)
             if p.batch_id and key in chosen:
                 p.queue = chosen[key]
@@ -140,29 +154,39 @@ class Sender:
     async def _send_once(self, batch: list[Pending], failed_on: set[str]) -> None:
         """One attempt; raises ``_Retriable`` with what is left to retry (everything else is
         answered: sent, or failed for good)."""
-        by_broker: dict[str, list[Pending]] = {}
+        # One request per broker group (and producer epoch: an idempotent request has one).
+        by_broker: dict[tuple[str, int], list[Pending]] = {}
         for p in batch:
             assert p.queue is not None
-            by_broker.setdefault(p.queue.broker_name, []).append(p)
+            by_broker.setdefault((p.queue.broker_name, p.producer_epoch), []).append(p)
         if len(by_broker) == 1:
-            [(broker, group)] = by_broker.items()
+            [((broker, _), group)] = by_broker.items()
             outcomes = [await self._send_to(broker, group)]
         else:
             outcomes = await asyncio.gather(
-                *(self._send_to(broker, group) for broker, group in by_broker.items())
+                *(self._send_to(broker, group) for (broker, _), group in by_broker.items())
             )
         left: list[Pending] = []
         error: TidemqError | None = None
-        for broker, (group, err) in zip(by_broker, outcomes, strict=True):
+        for (broker, _), (group, err) in zip(by_broker, outcomes, strict=True):
             if err is None:
                 continue
-            if err.retriable:
+            if err.code == "SEQUENCE_GAP" and self.identity is not None:
+                # Worth retrying only while an earlier send of the queue may still arrive.
+                identity = self.identity
+                waiting = [p for p in group if identity.earlier_unresolved(p)]
+                for p in group:
+                    if not identity.earlier_unresolved(p):
+                        self._fail(p, err)
+                left += waiting
+                error = error or err
+            elif err.retriable:
                 failed_on.add(broker)
                 left += group
                 error = error or err
             else:
                 for p in group:
-                    self._unanswered.fail(p, err)
+                    self._fail(p, err)
         if error is not None:
             raise _Retriable(error, left)
 
@@ -183,6 +207,9 @@ class Sender:
                 f"broker group {broker} has no master now", code="NOT_MASTER", retriable=True
             )
         timeout_s = min(p.deadline for p in group) - time.monotonic()
+        idempotent = group[0].sequence >= 0 and self.identity is not None
+        if idempotent:
+            timeout_s = min(timeout_s, self.config.attempt_timeout_ms / 1000)
         if timeout_s <= 0:
             return group, RequestTimeoutError(
                 f"send timed out after {self.config.send_timeout_ms} ms",
@@ -193,6 +220,10 @@ class Sender:
         # The route's epoch: a superseded master refuses it (STALE_EPOCH) instead of storing.
         epoch = route.groups[broker].epoch if route is not None and broker in route.groups else 0
         request = broker_pb2.SendMessageRequest(producer_group=self.config.group, epoch=epoch)
+        if idempotent:
+            assert self.identity is not None
+            request.producer_id = self.identity.producer_id
+            request.producer_epoch = group[0].producer_epoch
         for p in group:
             _add_to_request(request, p)
         started = time.monotonic()
@@ -226,6 +257,10 @@ class Sender:
                 r.deliver_at_ms,
             )
             complete(p, result, wake=False)
+        if idempotent:
+            assert self.identity is not None
+            for p in group:
+                self.identity.settle(p, stored=True)
         # Blocked callers are woken once for the whole answer, not once per message.
         for p in group:
             if type(p.future) is SendFuture:
@@ -243,7 +278,7 @@ FAILOVER_POLL_S = 0.05
 def _failing_over(state: RetryCallState) -> bool:
     """The last attempt failed because its group is changing masters."""
     exc = state.outcome.exception() if state.outcome is not None else None
-    return isinstance(exc, _Retriable) and exc.error.code in _FAILOVER_CODES
+    return isinstance(exc, _Retriable) and (exc.keep_trying or exc.error.code in _FAILOVER_CODES)
 
 
 class _RetryBudget(stop_base):

@@ -18,6 +18,7 @@ from tidemq.services.broker.admission_grpc import work_done
 from tidemq.services.broker.convert import SEND_STATUS, to_store_message
 from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
+from tidemq.services.broker.idempotence.sends import IdempotentSends
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
 from tidemq.services.broker.receive.dead_letter import client_may_send
@@ -51,6 +52,7 @@ class SendHandler:
         self.metrics = metrics
         self.transactions = transactions
         self.timer = timer
+        self.idempotence = IdempotentSends(store, self.config.idempotence_max_producers)
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -73,23 +75,37 @@ class SendHandler:
                 cfg = configs[name] = await self._writable_topic(name)
             checks.check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
+        # Idempotent sends: what to store, what is a duplicate; nothing may await from here
+        # to the put.
+        batch, idempotent = await self.idempotence.before_put(request, batch)
+        wire_kept = request.messages
+        if idempotent is not None and len(batch) != len(request.messages):
+            wire_kept = [
+                w for w, d in zip(request.messages, idempotent.decisions, strict=True) if d is None
+            ]
         timer = self.timer
         delayed = None
-        if request.transactional:
+        if batch and request.transactional:
             batch = self._transactions().halves_of(request, batch)
-        elif timer is not None:
-            delayed = timer.prepare(request.messages, batch, now_ms())
-        put = self.store.put_messages(batch)
+        elif batch and timer is not None:
+            delayed = timer.prepare(wire_kept, batch, now_ms())
+        put = self.store.put_messages(batch) if batch else None
+        self.idempotence.after_put(idempotent, batch, put)
         if timer is not None and delayed:
             timer.stored(delayed, put)
         work_done()  # what is left is waiting: the connection may run its next request
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            # SEND_OK promises a message consumers can see: it waits for dispatch, which
-            # raises DISK_FULL when the ConsumeQueues or the index cannot be written.
-            await wait_dispatched(put)
+        if put is None:  # every message was a duplicate
+            flushed, replicated = await self.idempotence.wait_originals(
+                self.replication, self.role.role
+            )
+        else:
+            if self.replication is not None:
+                self.replication.notify_appended()
+            flushed, replicated = await wait_durable(put, self.replication, self.role.role)
+            if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
+                # SEND_OK promises a message consumers can see: it waits for dispatch, which
+                # raises DISK_FULL when the ConsumeQueues or the index cannot be written.
+                await wait_dispatched(put)
         # The lease is checked again at the answer, after the waits (``send_status``).
         status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
         if status is None:
@@ -101,7 +117,7 @@ class SendHandler:
             broker_name=self.config.broker_name, epoch=self.role.epoch
         )
         add = response.results.add  # built in place: a list of SendResults would be copied
-        for r, m in zip(put.results, batch, strict=True):
+        for r, m in zip(put.results if put else (), batch, strict=True):
             add(
                 status=wire,
                 msg_id=r.msg_id,
@@ -109,10 +125,12 @@ class SendHandler:
                 queue_offset=r.queue_offset,
                 commitlog_offset=r.phy_offset,
             )
-        if request.transactional:
+        if batch and request.transactional:
             self._transactions().fill_results(request, response, batch)
         if timer is not None and delayed:
+            assert put is not None
             timer.fill(delayed, response.results, put.results)
+        self.idempotence.fill(idempotent, response, wire)
         return response
 
     def _transactions(self) -> TransactionService:

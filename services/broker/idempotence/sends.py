@@ -1,0 +1,184 @@
+"""The send path's side of idempotence: before the put, decide per message (store, duplicate,
+or refuse the request) and stamp what is stored; right after the put, in the same loop step,
+record it in the table; at the answer, put the duplicates' first results in their places.
+
+A duplicate is answered only once its first store is as durable as a new send would be
+(``wait_originals``): the first attempt may still be waiting for its slaves when its retry
+arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from tidemq.protos import common_pb2
+from tidemq.services.broker.config import BrokerRole
+from tidemq.services.broker.durability import waits_for_slaves
+from tidemq.services.broker.idempotence.log_scan import LogScan, Mark
+from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY, encode_stamp
+from tidemq.services.broker.idempotence.table import (
+    IdempotenceTable,
+    Original,
+    ProducerFencedError,
+    SequenceGapError,
+)
+from tidemq.services.broker.put_waits import SyncReplication
+from tidemq.services.errors import ServiceError, invalid
+from tidemq.storage import FlushMode, Message, MessageStore, PutResult, PutStatus
+from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
+
+_DISPATCH_WAIT_S = 10.0
+
+
+@dataclass(slots=True)
+class SendPlan:
+    """One idempotent request's decisions: None stores the message, an Original answers it."""
+
+    producer_id: int
+    epoch: int
+    decisions: list[Original | None]
+    keys: list[tuple[str, int, int]]  # (topic, queue, seq) of each stored message, in order
+
+
+def sequence_gap(message: str) -> ServiceError:
+    return ServiceError(
+        grpc.StatusCode.FAILED_PRECONDITION, common_pb2.SEQUENCE_GAP, message, retriable=True
+    )
+
+
+def producer_fenced(message: str) -> ServiceError:
+    return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, common_pb2.PRODUCER_FENCED, message)
+
+
+class IdempotentSends:
+    def __init__(self, store: MessageStore, max_producers: int) -> None:
+        self.store = store
+        self.table = IdempotenceTable(max_producers)
+        self.scan = LogScan(store, self.table)
+        self.duplicates = 0  # messages answered from their first store
+        self.gaps = 0
+        self.fenced = 0
+
+    async def before_put(
+        self, request: Any, batch: list[Message]
+    ) -> tuple[list[Message], SendPlan | None]:
+        """What to store of ``batch`` (the request's messages as the store takes them) and the
+        plan the answer follows; raises the request's typed refusal. Call it last before the
+        put: nothing may run between its decision and the put."""
+        pid = request.producer_id
+        if not pid:
+            for m in batch:
+                if m.properties and PRODUCER_SEQ_PROPERTY in m.properties:
+                    raise invalid(
+                        f"property {PRODUCER_SEQ_PROPERTY} is the broker's (idempotent sends)",
+                        common_pb2.INVALID_PROPERTY,
+                    )
+            return batch, None
+        epoch = request.producer_epoch
+        if pid < 0 or epoch < 0:
+            raise invalid("producer_id must be > 0 and producer_epoch >= 0")
+        wanted = []
+        for w, m in zip(request.messages, batch, strict=True):
+            if w.sequence < 0:
+                raise invalid("an idempotent message's sequence must be >= 0")
+            wanted.append(((m.topic, m.queue_id), w.sequence))
+        if not self.scan.caught_up:
+            await self.scan.catch_up_fully()  # a promoted master's first sends
+        while self.scan.catch_up():  # no await from here to the put
+            pass
+        try:
+            decisions = self.table.decide(pid, epoch, wanted)
+        except SequenceGapError as e:
+            self.gaps += 1
+            raise sequence_gap(str(e)) from None
+        except ProducerFencedError as e:
+            self.fenced += 1
+            raise producer_fenced(str(e)) from None
+        store: list[Message] = []
+        keys = []
+        for m, ((topic, qid), seq), d in zip(batch, wanted, decisions, strict=True):
+            if d is None:
+                stamp = encode_stamp(pid, epoch, seq)
+                m.properties = {**m.properties, PRODUCER_SEQ_PROPERTY: stamp}
+                store.append(m)
+                keys.append((topic, qid, seq))
+        return store, SendPlan(pid, epoch, decisions, keys)
+
+    def after_put(
+        self, plan: SendPlan | None, batch: Sequence[Message], put: PutResult | None
+    ) -> None:
+        """Right after the put, in the same loop step: the stored sequences go in the table."""
+        if put is None or not put.results:
+            return
+        results = put.results
+        if plan is not None:
+            record = self.table.record
+            pid, epoch = plan.producer_id, plan.epoch
+            i, n = 0, len(results)
+            while i < n:  # runs of one queue's consecutive sequences: one record each
+                topic, qid, seq = plan.keys[i]
+                stored = (batch[i].topic, batch[i].queue_id)
+                j = i + 1
+                while (
+                    j < n
+                    and plan.keys[j] == (topic, qid, seq + j - i)
+                    and (batch[j].topic, batch[j].queue_id) == stored
+                    and results[j].queue_offset == results[i].queue_offset + j - i
+                ):
+                    j += 1
+                record(pid, epoch, (topic, qid), seq, j - i, stored, results[i].queue_offset)
+                i = j
+        last = results[-1]
+        self.scan.skip_own(
+            results[0].phy_offset,
+            last.phy_offset + last.size,
+            Mark(last.phy_offset, last.size, last.queue_offset, batch[-1].topic),
+        )
+
+    async def wait_originals(
+        self, replication: SyncReplication | None, role: BrokerRole
+    ) -> tuple[PutStatus, PutStatus | None]:
+        """For a request whose every message is a duplicate: until the log as it is now (which
+        holds the first stores) is as durable as a send's answer promises."""
+        store = self.store
+        end = store.log.max_offset
+        loop = asyncio.get_running_loop()
+        flushed = PutStatus.PUT_OK
+        if store.config.flush_mode is FlushMode.SYNC:
+            got = await loop.run_in_executor(None, store.flush_commitlog)
+            flushed = PutStatus.PUT_OK if got >= end else PutStatus.FLUSH_DISK_TIMEOUT
+        replicated = None
+        if waits_for_slaves(role, replicating=replication is not None):
+            assert replication is not None
+            replicated = await replication.replicate(end)
+        await loop.run_in_executor(None, store.wait_dispatched, end, _DISPATCH_WAIT_S)
+        return flushed, replicated
+
+    def fill(self, plan: SendPlan | None, response: Any, status: int) -> None:
+        """Puts each duplicate's first result at its place among the stored messages'."""
+        if plan is None or all(d is None for d in plan.decisions):
+            return
+        stored = list(response.results)
+        del response.results[:]
+        add = response.results.add
+        it = iter(stored)
+        for d in plan.decisions:
+            if d is None:
+                response.results.append(next(it))
+                continue
+            self.duplicates += 1
+            r = add(status=status, duplicate=True, queue_id=d.queue_id, queue_offset=d.queue_offset)
+            if d.queue_offset < 0:
+                continue
+            try:
+                got = self.store.get_messages(d.topic, d.queue_id, d.queue_offset, 1).messages
+            except (OffsetBelowMinError, OffsetBeyondMaxError):
+                got = []
+            if got:
+                r.msg_id = got[0].msg_id
+                r.commitlog_offset = got[0].phy_offset

@@ -1,0 +1,141 @@
+"""The idempotence table's rules, without sockets or clocks (services/broker/idempotence)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidemq.services.broker.idempotence.stamp import (
+    StampFormatError,
+    decode_stamp,
+    encode_stamp,
+)
+from tidemq.services.broker.idempotence.table import (
+    FORGOTTEN,
+    RUNS_PER_QUEUE,
+    IdempotenceTable,
+    Original,
+    ProducerFencedError,
+    SequenceGapError,
+)
+
+Q = ("orders", 3)
+P = 0x1F
+
+
+def table_with(next_seq: int = 5, epoch: int = 1) -> IdempotenceTable:
+    """Producer P at ``epoch`` stored sequences 0..next_seq-1 of Q at queue offsets 100..."""
+    t = IdempotenceTable(max_producers=8)
+    t.record(P, epoch, Q, 0, next_seq, Q, 100)
+    return t
+
+
+@pytest.mark.parametrize(
+    ("seqs", "expected"),
+    [
+        ([5], [None]),  # the next one: stored
+        ([5, 6, 7], [None, None, None]),  # a run of them in one request
+        ([4], [Original("orders", 3, 104)]),  # a retry: its first store
+        ([0], [Original("orders", 3, 100)]),
+        ([3, 4, 5], [Original("orders", 3, 103), Original("orders", 3, 104), None]),  # prefix
+    ],
+)
+def test_decide_stores_the_next_sequence_and_answers_earlier_ones_from_their_first_store(
+    seqs: list[int], expected: list[Original | None]
+) -> None:
+    t = table_with()
+    assert t.decide(P, 1, [(Q, s) for s in seqs]) == expected
+
+
+@pytest.mark.parametrize("seqs", [[6], [5, 7], [9]])
+def test_a_sequence_past_the_next_is_a_gap_and_nothing_of_the_request_is_decided(
+    seqs: list[int],
+) -> None:
+    t = table_with()
+    with pytest.raises(SequenceGapError):
+        t.decide(P, 1, [(Q, s) for s in seqs])
+    assert t.next_seq(P, Q) == 5
+
+
+def test_an_older_epoch_is_fenced() -> None:
+    t = table_with(epoch=3)
+    with pytest.raises(ProducerFencedError):
+        t.decide(P, 2, [(Q, 5)])
+
+
+def test_a_newer_epoch_restarts_every_queue_at_zero() -> None:
+    t = table_with(epoch=1)
+    assert t.decide(P, 2, [(Q, 0)]) == [None]
+    with pytest.raises(SequenceGapError):
+        t.decide(P, 2, [(Q, 5)])
+    t.record(P, 2, Q, 0, 1, Q, 105)
+    assert t.epoch_of(P) == 2
+    assert t.next_seq(P, Q) == 1
+    # Once the new epoch is recorded the old one is fenced, and other queues start at 0 too.
+    with pytest.raises(ProducerFencedError):
+        t.decide(P, 1, [(Q, 5)])
+    with pytest.raises(SequenceGapError):
+        t.decide(P, 2, [(("orders", 4), 7)])
+
+
+def test_an_unknown_producer_is_accepted_at_any_sequence() -> None:
+    t = IdempotenceTable(max_producers=8)
+    assert t.decide(P, 1, [(Q, 41), (Q, 42)]) == [None, None]
+    with pytest.raises(SequenceGapError):
+        t.decide(P, 1, [(Q, 41), (Q, 43)])
+
+
+def test_recording_the_same_sequences_twice_changes_nothing() -> None:
+    """The master records its puts, and the CommitLog scan sees the same records later."""
+    t = table_with(next_seq=5)
+    t.record(P, 1, Q, 3, 2, Q, 103)
+    t.record(P, 1, Q, 4, 1, Q, 104)
+    assert t.next_seq(P, Q) == 5
+    assert t.decide(P, 1, [(Q, 4)]) == [Original("orders", 3, 104)]
+
+
+def test_records_of_an_older_epoch_are_ignored() -> None:
+    t = table_with(epoch=2)
+    t.record(P, 1, Q, 5, 3, Q, 105)
+    assert t.next_seq(P, Q) == 5
+
+
+def test_a_run_older_than_the_remembered_ones_is_answered_as_forgotten() -> None:
+    t = IdempotenceTable(max_producers=8)
+    # Runs that do not continue each other (queue offsets jump): one run each.
+    for i in range(RUNS_PER_QUEUE + 1):
+        t.record(P, 1, Q, i, 1, Q, 1000 * i)
+    assert t.decide(P, 1, [(Q, 0)]) == [FORGOTTEN]
+    assert t.decide(P, 1, [(Q, RUNS_PER_QUEUE)]) == [Original("orders", 3, 1000 * RUNS_PER_QUEUE)]
+
+
+def test_a_delayed_messages_first_store_is_its_system_queue() -> None:
+    t = IdempotenceTable(max_producers=8)
+    t.record(P, 1, Q, 0, 1, ("%SYS%TIMER", 0), 77)
+    assert t.decide(P, 1, [(Q, 0)]) == [Original("%SYS%TIMER", 0, 77)]
+
+
+def test_the_least_recently_used_producer_is_forgotten_past_the_bound() -> None:
+    t = IdempotenceTable(max_producers=2)
+    t.record(1, 0, Q, 0, 1, Q, 0)
+    t.record(2, 0, Q, 0, 1, Q, 1)
+    t.record(1, 0, Q, 1, 1, Q, 2)  # producer 1 used again: 2 is the oldest
+    t.record(3, 0, Q, 0, 1, Q, 3)
+    assert len(t) == 2
+    assert t.evicted == 1
+    assert t.epoch_of(2) is None
+    assert t.next_seq(1, Q) == 2
+    # Forgotten: its next send is accepted as it comes (documented).
+    assert t.decide(2, 0, [(Q, 0)]) == [None]
+
+
+def test_stamp_golden_form_and_round_trip() -> None:
+    assert encode_stamp(0x1F, 3, 10) == "1f.3.a"
+    assert decode_stamp("1f.3.a") == (0x1F, 3, 10)
+    big = (1 << 63) - 1
+    assert decode_stamp(encode_stamp(big, 2**31 - 1, 2**62)) == (big, 2**31 - 1, 2**62)
+
+
+@pytest.mark.parametrize("text", ["", "1.2", "1.2.3.4", "x.1.1", "0.1.1", "1.-1.1"])
+def test_a_malformed_stamp_is_a_typed_error(text: str) -> None:
+    with pytest.raises(StampFormatError):
+        decode_stamp(text)
