@@ -52,6 +52,12 @@ def _percentile(sorted_values: array[int], pct: float) -> int:
     return sorted_values[index]
 
 
+def _sleep_until(wall_ms: int) -> None:
+    ahead_s = (wall_ms - now_ms()) / 1000
+    if ahead_s > 0:
+        time.sleep(ahead_s)
+
+
 class _Results:
     """The sends' answers, read in order as they come so the futures do not pile up."""
 
@@ -155,8 +161,9 @@ def run_timer_bench(
     on_phase: Phase | None = None,
 ) -> dict[str, Any]:
     """Schedule, wait out the window, read back. ``on_phase`` is called with ``schedule``
-    (before the first scheduled send), ``scheduled`` (every send answered: all pending),
-    ``due`` (``SETTLE_S`` after the last delivery time) and ``collected`` (read back)."""
+    (the warm-up's timers fired, before the first scheduled send), ``scheduled`` (every send
+    answered: all pending), ``window`` (the first delivery time), ``due`` (``SETTLE_S`` after
+    the last delivery time) and ``collected`` (read back)."""
     if messages <= 0 or window_s <= 0 or body_bytes < 0 or (lead_s is not None and lead_s < 0):
         raise ValueError("--messages and --window-s must be > 0, --body-bytes and --lead-s >= 0")
     if messages > MAX_LATENESS_SAMPLES:
@@ -172,6 +179,7 @@ def run_timer_bench(
         warm_due = now_ms() + WARMUP_DELAY_MS
         _schedule(producer, topic, body, f"{run}-warm", lambda i: warm_due, warm, bar)
         warm_rate = warm / (time.perf_counter() - t0)
+        _sleep_until(warm_due + int(SETTLE_S * 1000))  # the warm-up's timers fired: not pending
         if lead_s is None:
             lead_s = messages / warm_rate * LEAD_MARGIN + LEAD_EXTRA_S
         first_due = now_ms() + int(lead_s * 1000)
@@ -185,10 +193,9 @@ def run_timer_bench(
         schedule_s, schedule_cpu = time.perf_counter() - t0, time.process_time() - cpu0
         scheduled_ms = now_ms()
         phase("scheduled")
-    last_due = due(messages - 1)
-    wait_s = (last_due - now_ms()) / 1000 + SETTLE_S
-    if wait_s > 0:
-        time.sleep(wait_s)
+    _sleep_until(first_due)
+    phase("window")
+    _sleep_until(due(messages - 1) + int(SETTLE_S * 1000))
     phase("due")
     seen = _read_back(nameserver, topic, run, messages)
     phase("collected")
