@@ -25,6 +25,11 @@ Every integer is big-endian. With IPv4 hosts and the V1 magic a record is::
     fixed overhead: 20 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2 = 91 bytes
     (each IPv6 host adds 12)
 
+Properties are ``record.properties``'s ``name 0x01 value 0x02`` pairs. One property changes
+what dispatch indexes: a record of ``%SYS%TIMER`` (a pending delayed message) carries
+``TIMER_DELIVER_MS``, and its ConsumeQueue entry's tag code is that delivery time, not the tags'
+hash (``RecordInfo.entry_tag_code``).
+
 End of file: when a record plus 8 bytes does not fit in what is left of a file, an 8-byte blank
 marker (int32 remaining bytes, int32 0xCBD43194) is written and the record goes to the next file,
 so a record never straddles two files.

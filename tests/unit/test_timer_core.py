@@ -23,7 +23,7 @@ from tidemq.services.broker.timer.events import (
     decode_timer_event,
     encode_timer_event,
 )
-from tidemq.services.broker.timer.progress import TimerProgress
+from tidemq.services.broker.timer.progress import TimerProgress, fired_mark
 from tidemq.services.broker.timer.recall_handle import InvalidRecallHandle, RecallHandle
 
 pytestmark = pytest.mark.unit
@@ -220,3 +220,18 @@ def test_progress_built_from_the_same_events_is_the_same_on_every_replica() -> N
         a.apply(ev)
         b.apply(decode_timer_event(encode_timer_event(ev)))
     assert a == b == TimerProgress(NOW + 6, 3, {20: NOW + 9})
+
+
+@pytest.mark.parametrize(
+    ("next_due", "low", "mark"),
+    [
+        (None, None, Fired(NOW, 50)),  # nothing pending: everything up to now, the queue's end
+        (NOW + 10, 45, Fired(NOW, 45)),  # pending later: up to now, below its seq
+        (NOW, 47, Fired(NOW - 1, 47)),  # a batch cut within this ms: the ms before
+        (NOW - 30, 40, Fired(NOW - 31, 40)),  # overdue still pending: below it
+    ],
+)
+def test_the_fired_mark_never_claims_a_pending_timer(
+    next_due: int | None, low: int | None, mark: Fired
+) -> None:
+    assert fired_mark(NOW, next_due, low, next_seq=50) == mark

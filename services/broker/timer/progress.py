@@ -42,3 +42,14 @@ class TimerProgress:
 
     def is_recalled(self, timer_id: int) -> bool:
         return timer_id in self.recalled
+
+
+def fired_mark(
+    now_ms: int, next_due_ms: int | None, low_pending_seq: int | None, next_seq: int
+) -> Fired:
+    """The ``Fired`` to append with a batch of deliveries, from what is still pending once the
+    batch is popped (the wheel's ``next_due_ms`` and ``low_seq``; ``next_seq`` is the
+    ``%SYS%TIMER`` queue's end). The mark never claims a timer still pending: one due at the
+    millisecond a batch stopped in (``max_entries``) holds it to the millisecond before."""
+    up_to = now_ms if next_due_ms is None else min(now_ms, next_due_ms - 1)
+    return Fired(up_to, next_seq if low_pending_seq is None else low_pending_seq)

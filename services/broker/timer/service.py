@@ -31,6 +31,7 @@ from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
 from tidemq.services.broker.timer.events import Fired, Recalled
 from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
+from tidemq.services.broker.timer.progress import fired_mark
 from tidemq.services.broker.timer.recall_handle import InvalidRecallHandle, RecallHandle
 from tidemq.services.broker.timer.scheduling import (
     REAL_QID,
@@ -49,8 +50,6 @@ log = logging.getLogger(__name__)
 
 # Timers fired per tick at most (one put); more wait for the next tick.
 FIRE_BATCH = 2048
-# ConsumeQueue entries the low sequence moves over per tick at most.
-LOW_SCAN = 8192
 _SCAN_CHUNK = 4096
 
 
@@ -201,11 +200,16 @@ class TimerService:
         self.counters.delivered(lateness)
 
     def fire(self, now: int) -> tuple[PutResult | None, list[int]]:
-        """Put what is due and the ``Fired`` mark after it; no await in here."""
+        """Put what is due and the ``Fired`` mark after it; no await in here. Nothing is
+        appended while nothing falls due."""
         progress = self.journal.progress
-        due = self.wheel.pop_due(now, FIRE_BATCH)
-        up_to = now if len(due) < FIRE_BATCH else due[-1][0] - 1
-        up_to = max(up_to, progress.delivered_up_to_ms)
+        wheel = self.wheel
+        due = wheel.pop_due(now, FIRE_BATCH)
+        if not due:
+            return None, []
+        # Right after the pop: the mark covers neither a cut batch's rest nor a pending timer.
+        end = self.store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
+        event = fired_mark(now, wheel.next_due_ms(), wheel.low_seq(), end)
         messages: list[Message] = []
         lateness: list[int] = []
         for due_ms, seq, timer_id in due:
@@ -218,25 +222,10 @@ class TimerService:
                 continue
             messages.append(real_message(rec))
             lateness.append(max(0, now - due_ms))
-        low = self._low_after(up_to)
-        if not messages and low == progress.low_seq and up_to == progress.delivered_up_to_ms:
-            return None, []
-        event = Fired(up_to, low)
         record = self.journal.event_record(event)
         put = self.store.put_messages([*messages, record])
         self._applied(put, event, record.body)
         return put, lateness
-
-    def _low_after(self, up_to: int) -> int:
-        """The low sequence once every timer due by ``up_to`` is delivered: past the entries
-        that are delivered or recalled, up to the first still pending."""
-        progress = self.journal.progress
-        low = progress.low_seq
-        for seq, timer_id, due in self.entries(low, low + LOW_SCAN):
-            if due > up_to and progress.is_pending(timer_id, due, seq):
-                break
-            low = seq + 1
-        return low
 
     def _applied(self, put: PutResult, event: Fired | Recalled, body: bytes) -> None:
         try:

@@ -36,6 +36,9 @@ Timer = tuple[int, int, int]  # (due_ms, seq, timer_id)
 
 
 class TimerWheel:
+    """Pending timers of one broker. Not thread-safe: one caller at a time (the timer service's
+    loop); opening it empties its directory's entry log."""
+
     def __init__(self, directory: str, *, slot_ms: int = 1000, slots: int = 3600) -> None:
         if slot_ms <= 0 or slots <= 0:
             raise ValueError("slot_ms and slots must be positive")
