@@ -8,12 +8,15 @@ from typing import Any
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
 from tidemq.services.broker.receive.dead_letter import is_system_topic
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import invalid
 from tidemq.storage import Message, PutStatus, StoredMessage
 from tidemq.storage.record import make_msg_id
+
+_NOT_PROPERTIES = frozenset(("TAGS", "KEYS", PRODUCER_SEQ_PROPERTY))
 
 SEND_STATUS = {
     PutStatus.PUT_OK: broker_pb2.SEND_OK,
@@ -83,8 +86,9 @@ def to_proto(m: StoredMessage) -> common_pb2.StoredMessage:
     # constructor an empty list or dict costs as much as half the message.
     if "KEYS" in props:
         out.keys.extend(m.keys)
-    if len(props) > ("TAGS" in props) + ("KEYS" in props):
-        out.properties.update({k: v for k, v in props.items() if k not in ("TAGS", "KEYS")})
+    # PRODUCER_SEQ is the broker's (idempotent sends), kept from consumers like TAGS and KEYS.
+    if len(props) > ("TAGS" in props) + ("KEYS" in props) + (PRODUCER_SEQ_PROPERTY in props):
+        out.properties.update({k: v for k, v in props.items() if k not in _NOT_PROPERTIES})
     return out
 
 

@@ -197,7 +197,9 @@ def test_producer_moves_to_another_group_when_a_broker_dies(cluster: Cluster) ->
     cluster.brokers["broker-b"] = b
     with tidemq.Admin(cluster.address) as admin:
         assert admin.create_topic("ha", queues=2) == ["broker-a", "broker-b"]
-    with tidemq.Producer(cluster.address, send_timeout_ms=10_000) as producer:
+    # Not idempotent: an idempotent message keeps its queue (and waits for its group to come
+    # back) so that no retry can store it twice (test_idempotent_producer.py).
+    with tidemq.Producer(cluster.address, send_timeout_ms=10_000, idempotent=False) as producer:
         before = [producer.send("ha", f"before-{i}") for i in range(8)]
         assert {r.broker for r in before} == {"broker-a", "broker-b"}
         cluster.brokers["broker-a"].kill()

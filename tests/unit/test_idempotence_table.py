@@ -77,11 +77,15 @@ def test_a_newer_epoch_restarts_every_queue_at_zero() -> None:
         t.decide(P, 2, [(("orders", 4), 7)])
 
 
-def test_an_unknown_producer_is_accepted_at_any_sequence() -> None:
+def test_an_unknown_producer_starts_every_queue_at_zero() -> None:
+    """Its second request may overtake its first: it must wait for it, not start the queue."""
     t = IdempotenceTable(max_producers=8)
-    assert t.decide(P, 1, [(Q, 41), (Q, 42)]) == [None, None]
     with pytest.raises(SequenceGapError):
-        t.decide(P, 1, [(Q, 41), (Q, 43)])
+        t.decide(P, 1, [(Q, 41)])
+    assert t.decide(P, 1, [(Q, 0), (Q, 1)]) == [None, None]
+    t.record(P, 1, Q, 0, 2, Q, 0)
+    with pytest.raises(SequenceGapError):  # a queue it has not sent to yet, too
+        t.decide(P, 1, [(("orders", 5), 3)])
 
 
 def test_recording_the_same_sequences_twice_changes_nothing() -> None:
@@ -124,7 +128,9 @@ def test_the_least_recently_used_producer_is_forgotten_past_the_bound() -> None:
     assert t.evicted == 1
     assert t.epoch_of(2) is None
     assert t.next_seq(1, Q) == 2
-    # Forgotten: its next send is accepted as it comes (documented).
+    # Forgotten: it starts again at 0 (documented).
+    with pytest.raises(SequenceGapError):
+        t.decide(2, 0, [(Q, 1)])
     assert t.decide(2, 0, [(Q, 0)]) == [None]
 
 

@@ -44,6 +44,8 @@ class ProducerIdentity:
         # Sequences given and not answered yet, per (queue, epoch).
         self._unresolved: dict[tuple[QueueKey, int], set[int]] = {}
         self.epoch_bumps = 0
+        # When a sequence of each (queue, epoch) was last answered (monotonic seconds).
+        self._settled_at: dict[tuple[QueueKey, int], float] = {}
 
     def assign(self, p: Pending) -> None:
         """Gives the message, just bound to its queue, the queue's next sequence."""
@@ -64,11 +66,20 @@ class ProducerIdentity:
         waiting = self._unresolved.get(((q.topic, q.broker_name, q.queue_id), p.producer_epoch))
         return waiting is not None and min(waiting) < p.sequence
 
+    def settled_since(self, p: Pending, since_s: float) -> bool:
+        """Whether a sequence of the message's queue (and epoch) was answered after
+        ``since_s`` (monotonic)."""
+        q = p.queue
+        assert q is not None
+        at = self._settled_at.get(((q.topic, q.broker_name, q.queue_id), p.producer_epoch))
+        return at is not None and at >= since_s
+
     def settle(self, p: Pending, stored: bool) -> None:
         """The message is answered: stored, or failed for good (which raises the epoch)."""
         q = p.queue
         assert q is not None
         k = ((q.topic, q.broker_name, q.queue_id), p.producer_epoch)
+        self._settled_at[k] = time.monotonic()
         waiting = self._unresolved.get(k)
         if waiting is not None:
             waiting.discard(p.sequence)
@@ -80,4 +91,5 @@ class ProducerIdentity:
     def bump_epoch(self) -> None:
         self.epoch += 1
         self._next.clear()
+        self._settled_at.clear()
         self.epoch_bumps += 1

@@ -125,6 +125,21 @@ class Sender:
         if p.sequence >= 0 and self.identity is not None:
             self.identity.settle(p, stored=False)
 
+    def _gap(self, group: list[Pending], err: TidemqError, sent_s: float) -> list[Pending]:
+        """What of a request refused with SEQUENCE_GAP is worth sending again: the messages
+        behind an earlier send of their queue that is still on its way, or that was answered
+        after this request left (it may have reached the broker just after this one). The
+        others fail: what they wait for will never come."""
+        identity = self.identity
+        assert identity is not None
+        again = []
+        for p in group:
+            if identity.earlier_unresolved(p) or identity.settled_since(p, sent_s):
+                again.append(p)
+            else:
+                self._fail(p, err)
+        return again
+
     async def _reroute(self, batch: list[Pending], avoid: frozenset[str]) -> list[Pending]:
         chosen: dict[tuple[str, int], MessageQueue] = {}
         for p in batch:
@@ -171,16 +186,7 @@ class Sender:
         for (broker, _), (group, err) in zip(by_broker, outcomes, strict=True):
             if err is None:
                 continue
-            if err.code == "SEQUENCE_GAP" and self.identity is not None:
-                # Worth retrying only while an earlier send of the queue may still arrive.
-                identity = self.identity
-                waiting = [p for p in group if identity.earlier_unresolved(p)]
-                for p in group:
-                    if not identity.earlier_unresolved(p):
-                        self._fail(p, err)
-                left += waiting
-                error = error or err
-            elif err.retriable:
+            if err.retriable:
                 failed_on.add(broker)
                 left += group
                 error = error or err
@@ -235,6 +241,8 @@ class Sender:
         except grpc.aio.AioRpcError as e:
             err = from_rpc_error(e, f"broker {broker} at {address}")
             self.stats.failed_requests += 1
+            if err.code == "SEQUENCE_GAP" and self.identity is not None:
+                return self._gap(group, err, started), err
             if err.retriable:
                 fault.record_failure(broker, monotonic_ms())
             return group, err

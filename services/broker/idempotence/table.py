@@ -10,9 +10,11 @@ order:
 - seq < next -> a duplicate: answered from where the first store went (``Original``), or
   ``FORGOTTEN`` when that run is older than the last ``RUNS_PER_QUEUE`` runs;
 - seq > next -> ``SequenceGapError`` (retriable: an earlier send is still on its way);
-- a producer the table does not know (new, or evicted: the table keeps ``max_producers``,
-  least recently used first out) is accepted at any sequence, and so is a queue it does not
-  know for a producer whose epoch did not start here.
+- a queue the table does not know for the producer (new, or evicted: the table keeps
+  ``max_producers``, least recently used first out) starts at 0. Accepting any first
+  sequence would let a producer's second request overtake its first on first contact and
+  turn the first into a "duplicate" that was never stored. A forgotten producer's next send
+  gets SEQUENCE_GAP with nothing before it on its way: the SDK fails it and starts a new epoch.
 
 ``record`` is the one way in for stored sequences, from the send path (right after the put)
 and from the CommitLog scan alike; a sequence below the next one known changes nothing, so
@@ -75,8 +77,6 @@ class QueueSeqs:
 @dataclass(slots=True)
 class ProducerState:
     epoch: int
-    # The epoch began in this table's sight: a queue it does not know starts at 0.
-    strict: bool = False
     queues: dict[tuple[str, int], QueueSeqs] = field(default_factory=dict)
 
 
@@ -104,25 +104,23 @@ class IdempotenceTable:
             raise ProducerFencedError(
                 f"producer {pid:#x} epoch {epoch} is fenced: epoch {state.epoch} took over"
             )
-        restarted = state is not None and epoch > state.epoch
+        restarted = state is None or epoch > state.epoch
         nexts: dict[QueueKey, int] = {}
         out: list[Original | None] = []
         for key, seq in messages:
             expected = nexts.get(key)
             q = None
             if expected is None:
-                if state is None:
-                    expected = seq
-                elif restarted:
-                    expected = 0
-                else:
+                if not restarted:
+                    assert state is not None
                     q = state.queues.get(key)
-                    expected = q.next_seq if q is not None else (0 if state.strict else seq)
+                expected = q.next_seq if q is not None else 0
             if seq == expected:
                 nexts[key] = seq + 1
                 out.append(None)
             elif seq < expected:
-                if q is None and state is not None and not restarted:
+                if q is None and not restarted:
+                    assert state is not None
                     q = state.queues.get(key)
                 out.append(q.original(seq) if q is not None else FORGOTTEN)
                 nexts[key] = expected
@@ -157,7 +155,6 @@ class IdempotenceTable:
                 return
             if epoch > state.epoch:
                 state.epoch = epoch
-                state.strict = True
                 state.queues.clear()
         q = state.queues.get(key)
         if q is None:
