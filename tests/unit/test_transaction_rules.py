@@ -4,8 +4,11 @@ mapping, and the open-transaction state with the checker's decisions. No sockets
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tidemq.services.broker.config import BrokerConfig, load
 from tidemq.services.broker.transactions.events import (
     Checked,
     EventFormatError,
@@ -24,6 +27,7 @@ from tidemq.services.broker.transactions.halves import (
 from tidemq.services.broker.transactions.ids import InvalidTransactionId, TransactionId
 from tidemq.services.broker.transactions.state import Action, OpenHalf, OpenTransactions
 from tidemq.storage import Message, StoredMessage
+from tidemq.storage.errors import ConfigError
 
 NOW = 1_700_000_000_000
 
@@ -175,3 +179,32 @@ def test_listing_filters_by_group_and_counts_all() -> None:
     shown, total = s.listing("a", 1)
     assert [h.offset for h in shown] == [100] and total == 2
     assert s.listing(None, 10)[1] == 3
+
+
+def test_transaction_settings_default_to_rocketmqs_and_bad_ones_are_refused(
+    tmp_path: Path,
+) -> None:
+    cfg = BrokerConfig("/nonexistent/store")
+    assert (
+        cfg.transaction_timeout_ms,
+        cfg.transaction_check_interval_ms,
+        cfg.transaction_check_max,
+        cfg.transaction_exhausted_resolution,
+    ) == (6_000, 30_000, 15, "rollback")
+    toml = tmp_path / "broker.toml"
+    toml.write_text(
+        'store_dir = "/s"\ntransaction_check_interval_ms = 500\n'
+        'transaction_exhausted_resolution = "commit"\n'
+    )
+    loaded = load(str(toml), {"transaction_timeout_ms": 700})
+    assert (loaded.transaction_check_interval_ms, loaded.transaction_timeout_ms) == (500, 700)
+    assert loaded.transaction_exhausted_resolution == "commit"
+    with pytest.raises(ConfigError, match="transaction_exhausted_resolution must be rollback"):
+        BrokerConfig("/s", transaction_exhausted_resolution="maybe")
+    for name in (
+        "transaction_timeout_ms",
+        "transaction_check_interval_ms",
+        "transaction_check_max",
+    ):
+        with pytest.raises(ConfigError, match=f"{name} must be > 0"):
+            BrokerConfig("/s", **{name: 0})  # type: ignore[arg-type]

@@ -1,5 +1,5 @@
 """Transactions as Prometheus metrics, read at scrape time from the service's figures:
-``tidemq_transactions_open`` (gauge), ``tidemq_transaction_checks_total`` and
+``tidemq_transactions_open`` (gauge, on the master), ``tidemq_transaction_checks_total`` and
 ``tidemq_transactions_resolved_total{resolution, by}`` (counters since the broker started)."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class TransactionCollector:
         resolved = CounterMetricFamily(*_RESOLVED, labels=["resolution", "by"])
         for (resolution, by), n in sorted(dict(service.resolved).items()):
             resolved.add_metric([resolution, by], n)
-        return [
-            GaugeMetricFamily(*_OPEN, value=len(service.log.state)),
-            CounterMetricFamily(*_CHECKS, value=service.checks_sent),
-            resolved,
-        ]
+        out: list[Metric] = [CounterMetricFamily(*_CHECKS, value=service.checks_sent), resolved]
+        if service.role.is_master:
+            # A slave holds the same open transactions: counted once per group, by its master.
+            out.append(GaugeMetricFamily(*_OPEN, value=len(service.log.state)))
+        return out

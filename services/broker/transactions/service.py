@@ -46,6 +46,10 @@ _RESOLUTIONS = {
     broker_pb2.ROLLBACK: Resolution.ROLLBACK,
 }
 MAX_LIST = 1000
+# Halves a checker round acts on at most (the rest wait for the next round), and how many it
+# handles between yields to other calls: each reads its half and looks it up in the index.
+MAX_PER_ROUND = 2000
+PER_STEP = 64
 
 
 def _already_resolved(txid: str) -> ServiceError:
@@ -232,7 +236,8 @@ class TransactionService:
     def watch(self, req: Any, stop: asyncio.Event) -> AsyncIterator[Any]:
         if not req.producer_group:
             raise invalid("producer_group is required")
-        return self.streams.stream(req.producer_group, stop)
+        self.checks.ensure_master("send transaction checks")
+        return self.streams.stream(req.producer_group, stop, lambda: self.role.is_master)
 
     # ------------------------------------------------------------------ the checker
     async def check_round(self) -> None:
@@ -253,7 +258,11 @@ class TransactionService:
             cfg.transaction_check_max,
         )
         last: PutResult | None = None
-        for h, action in due:
+        for i, (h, action) in enumerate(due[:MAX_PER_ROUND]):
+            if i and not i % PER_STEP:
+                await asyncio.sleep(0)
+                if not self.role.is_master or self._led_epoch != self.role.epoch:
+                    break  # demoted meanwhile: the new master's checker takes over
             if h.offset not in self.log.state.open:
                 continue  # resolved while this round waited
             half = self.log.half(h.offset)

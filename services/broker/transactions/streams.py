@@ -4,11 +4,13 @@ check to one of the group's connected producers, round robin."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 # Checks queued for one stream beyond this are dropped: the half is checked again next interval.
 MAX_QUEUED = 1024
+# How often an idle stream looks whether its broker is still the master.
+ROLE_CHECK_S = 1.0
 
 
 class CheckStreams:
@@ -32,20 +34,24 @@ class CheckStreams:
         q.put_nowait(check)
         return True
 
-    async def stream(self, group: str, stop: asyncio.Event) -> AsyncIterator[Any]:
-        """The checks for one producer, until ``stop`` is set or the stream is cancelled."""
+    async def stream(
+        self, group: str, stop: asyncio.Event, is_master: Callable[[], bool]
+    ) -> AsyncIterator[Any]:
+        """The checks for one producer, until ``stop`` is set, the stream is cancelled, or this
+        broker is no longer the master (only a master checks: the producer opens its stream
+        again, to the group's master of the moment)."""
         q: asyncio.Queue[Any] = asyncio.Queue()
         self._groups.setdefault(group, []).append(q)
         stopping = asyncio.ensure_future(stop.wait())
         try:
-            while not stop.is_set():
+            while not stop.is_set() and is_master():
                 getting = asyncio.ensure_future(q.get())
                 done, _ = await asyncio.wait(
-                    {getting, stopping}, return_when=asyncio.FIRST_COMPLETED
+                    {getting, stopping}, timeout=ROLE_CHECK_S, return_when=asyncio.FIRST_COMPLETED
                 )
                 if getting not in done:
                     getting.cancel()
-                    return
+                    continue
                 yield getting.result()
         finally:
             stopping.cancel()
