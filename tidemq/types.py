@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,10 @@ class Message:
     properties: Mapping[str, str] | None = None
     sharding_key: str | None = None
     message_group: str | None = None
+    # Delayed delivery, as ``Producer.send``'s options of the same names (at most one).
+    deliver_at: dt.datetime | int | None = None
+    delay: dt.timedelta | float | None = None
+    delay_level: int | None = None
 
     def __post_init__(self) -> None:
         group = message_group_of(self.message_group, self.sharding_key)

@@ -433,6 +433,8 @@ class Broker:
         await loop.run_in_executor(None, self.offsets.persist)
         if self.reviver is not None:
             await self.reviver.snapshot()  # a restart replays nothing
+        if self.timer is not None:
+            self.timer.wheel.close()  # a cache: the next start rebuilds it from the log
         await loop.run_in_executor(None, self.store.close)
         log.info("broker %s stopped cleanly", self.config.broker_name)
 

@@ -4,15 +4,17 @@ time beyond max_delay_ms is refused and stores nothing; the pending list."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import time
 
 import pytest
 
 import tidemq
-from tests.integration.conftest import NameServerProcess, StartBroker
+from tests.integration.conftest import NameServerProcess, StartBroker, free_port
 from tests.integration.delayed import Arrivals, list_delayed
 from tests.integration.receive_cluster import create_topic, routed_broker
+from tests.integration.receiving import scrape
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -81,7 +83,8 @@ def test_delay_level_two_delivers_after_five_seconds(
 def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_found(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    broker = routed_broker(start_broker, nameserver)
+    metrics = f"127.0.0.1:{free_port()}"
+    broker = routed_broker(start_broker, nameserver, "--metrics-listen", metrics)
     create_topic(nameserver, TOPIC, queues=1)
     create_topic(nameserver, "another-topic", queues=1)
     with (
@@ -105,6 +108,12 @@ def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_
         # "gone" was due a second before "kept": had it not been recalled, it would be here.
         assert not seen.has(b"gone")
     assert list_delayed(broker, TOPIC).total == 0
+    figures = scrape(metrics)
+    assert figures[("tidemq_timer_delivered_total", ())] == 1
+    assert figures[("tidemq_timer_recalled_total", ())] == 1
+    assert figures[("tidemq_timer_lateness_seconds_count", ())] == 1
+    assert figures[("tidemq_timer_lateness_seconds_bucket", (("le", "1.0"),))] == 1
+    assert figures[("tidemq_timer_pending", ())] == 0
 
 
 def test_a_time_already_past_is_delivered_now_in_its_topic(
@@ -160,3 +169,33 @@ def test_the_pending_list_is_soonest_first_per_topic_with_the_total(
         late.recall_handle,
     )
     assert m.deliver_at_ms == late.deliver_at_ms
+
+
+async def _async_round(nameserver: str) -> tuple[tidemq.SendResult, list[tidemq.SendResult], str]:
+    async with tidemq.AsyncProducer(nameserver) as producer:
+        one = await producer.send(TOPIC, b"async", delay=dt.timedelta(seconds=1))
+        batch = await producer.send_batch(
+            [
+                tidemq.Message(TOPIC, b"batch-late", delay=1.5),
+                tidemq.Message(TOPIC, b"batch-now"),
+            ]
+        )
+        recalled = await producer.send(TOPIC, b"async-gone", delay_level=1)
+        return one, batch, await producer.recall(TOPIC, recalled.recall_handle)
+
+
+def test_async_producer_and_batches_carry_the_delivery_options(
+    nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    routed_broker(start_broker, nameserver)
+    create_topic(nameserver, TOPIC, queues=1)
+    with Arrivals(nameserver.address, TOPIC) as seen:
+        one, (late, now), recalled_id = asyncio.run(_async_round(nameserver.address))
+        assert one.recall_handle and late.recall_handle and recalled_id
+        assert not now.recall_handle and now.queue_offset >= 0
+        wait_until(lambda: seen.count() == 3, 15, "the async and batch messages")
+        # Due at 1 s, before "batch-late": had the recall not worked, it would be here.
+        assert not seen.has(b"async-gone")
+    for body, r in ((b"async", one), (b"batch-late", late)):
+        m = seen.got[body]
+        assert r.deliver_at_ms <= m.store_timestamp_ms <= r.deliver_at_ms + LATE_MS

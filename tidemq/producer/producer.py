@@ -203,6 +203,7 @@ class AsyncProducer:
             p = self.pending(
                 m.topic, m.body, m.tag, m.keys, m.properties, futures[-1], m.sharding_key
             )
+            p.delivery = delivery(m.deliver_at, m.delay, m.delay_level)
             p.batch_id = self._next_batch_id
             pendings.append(p)
         self._unanswered.expect(len(pendings))
