@@ -3,7 +3,8 @@ cluster's masters, soonest first, and recall (cancel) one by the handle its send
 ``AsyncDelayed`` is mixed into ``AsyncAdmin``, ``Delayed`` into ``Admin``.
 
 A delayed message waits on the master of the broker group that stored it, so both calls go to
-masters; a group without a master now (a failover under way) is an error, not an empty answer.
+masters (a recall to the one its handle names); a group without a master now (a failover under
+way) is an error, not an empty answer.
 """
 
 from __future__ import annotations
@@ -12,12 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidemq._runtime import LoopThread
-from tidemq.errors import (
-    DelayedMessageNotFound,
-    InvalidArgumentError,
-    RouteNotFoundError,
-    TidemqError,
-)
+from tidemq.errors import BrokerUnavailableError, InvalidArgumentError, RouteNotFoundError
+from tidemq.producer.recall import broker_of
 from tidemq.protos import broker_pb2
 
 
@@ -102,25 +99,24 @@ class AsyncDelayed:
     async def recall(self, topic: str, recall_handle: str) -> str:
         """Cancels a pending delayed message of ``topic`` by the handle its send returned (RocketMQ
         5's recall); returns its message id. ``DelayedMessageNotFound`` once it was delivered or
-        recalled already; ``InvalidArgumentError`` for a damaged handle or another topic's."""
-        if not topic or not recall_handle:
-            raise InvalidArgumentError(
-                "recall needs a topic and a recall handle", code="INVALID_ARGUMENT"
+        recalled already; ``InvalidArgumentError`` for a damaged handle or another topic's;
+        ``BrokerUnavailableError`` (retriable) while the handle's broker group has no master."""
+        if not topic:
+            raise InvalidArgumentError("recall needs a topic", code="INVALID_ARGUMENT")
+        # The handle names the broker group holding the message: ask that group's master.
+        broker = broker_of(recall_handle)
+        address = (await self.masters()).get(broker)
+        if address is None:
+            raise BrokerUnavailableError(
+                f"broker group {broker!r} of the recall handle has no master now",
+                code="NOT_MASTER",
             )
-        request = broker_pb2.RecallMessageRequest(topic=topic, recall_handle=recall_handle)
-        # The handle names the broker group that holds the message; a master of another group
-        # refuses it as not its own, so asking each master in turn finds the one that knows it.
-        refusals: list[TidemqError] = []
-        for _, address in sorted((await self._all_masters()).items()):
-            try:
-                resp = await self._call(address, "RecallMessage", request)
-            except (DelayedMessageNotFound, InvalidArgumentError) as e:
-                refusals.append(e)
-                continue
-            return str(resp.msg_id)
-        # "Not found" from the group the handle names says more than "not mine" from the others.
-        not_found = [r for r in refusals if isinstance(r, DelayedMessageNotFound)]
-        raise (not_found or refusals)[0]
+        resp = await self._call(
+            address,
+            "RecallMessage",
+            broker_pb2.RecallMessageRequest(topic=topic, recall_handle=recall_handle),
+        )
+        return str(resp.msg_id)
 
 
 class Delayed:
