@@ -134,7 +134,9 @@ def test_bench_production_runs_each_mode_against_a_cluster(nameserver: str) -> N
     assert (t["committed"], t["errors"], t["complete"]) == (50, {}, True), t
 
 
-def test_bench_production_refuses_a_bad_mode_and_sizes(nameserver: str) -> None:
+def test_bench_production_refuses_a_bad_mode_and_sizes() -> None:
+    # Refused before any connection: no cluster needed (nothing listens on port 1).
+    nameserver = "127.0.0.1:1"
     refusals = {
         ("--mode", "delay"): "invalid choice: 'delay'",
         ("--messages", "0"): "--messages and --window-s must be > 0",
