@@ -79,6 +79,7 @@ def test_production_bench_measures_each_figure_beside_its_goal() -> None:
     assert timer["pending_when_scheduled"] == TIMER_MESSAGES, timer
     assert timer["pending_when_due"] == 0, timer
     assert (timer["delivered"], timer["duplicates"], timer["early"]) == (TIMER_MESSAGES, 0, 0)
+    assert (timer["sent"], timer["send_errors"]) == (TIMER_MESSAGES, {}), timer
     assert (timer["without_recall_handle"], timer["deliver_at_differs"]) == (0, 0), timer
     assert 0 <= timer["lateness_p50_ms"] <= timer["lateness_p99_ms"] <= timer["lateness_max_ms"]
     assert timer["lateness_p99_ms"] < SANE_LATENESS_MS, timer
