@@ -41,10 +41,11 @@ import shutil
 import signal
 import sys
 import tempfile
+import urllib.request
 from typing import Any
 
 import grpc
-from common import REPO, emit, emit_summary, perfkit_grpc
+from common import REPO, emit, emit_summary, free_port, perfkit_grpc
 from receive_broker import STATUS_TIMEOUT_S, BenchBroker
 
 from tidemq.cli.bench import run_produce_bench
@@ -54,6 +55,7 @@ from tidemq.protos import broker_pb2
 
 BROKER_NAME = "bench-production"
 TIMER_TOPIC = "BenchTimer"
+PENDING_GAUGE = "tidemq_timer_pending"
 TXN_TOPIC = "BenchTransactions"
 IDEMPOTENT_VS_PLAIN_GOAL = 0.9
 LATENESS_P99_GOAL_MS = 1_000
@@ -67,10 +69,11 @@ PRODUCE_WARMUP = 2_000
 
 
 class Edges:
-    """The broker's CPU seconds, RssAnon / VmRSS and pending timers at named moments."""
+    """The broker's CPU seconds, RssAnon / VmRSS and (a ``TimerBroker``'s) pending timers at
+    named moments."""
 
-    def __init__(self, broker: BenchBroker, timer_topic: str | None = None) -> None:
-        self.broker, self.timer_topic = broker, timer_topic
+    def __init__(self, broker: BenchBroker) -> None:
+        self.broker = broker
         self.cpu: dict[str, float] = {}
         self.rss: dict[str, dict[str, int]] = {}
         self.pending: dict[str, int] = {}
@@ -78,18 +81,35 @@ class Edges:
     def __call__(self, edge: str) -> None:
         self.cpu[edge] = self.broker.cpu_s()
         self.rss[edge] = self.broker.rss()
-        if self.timer_topic is not None:
-            self.pending[edge] = pending_timers(self.broker, self.timer_topic)
+        if isinstance(self.broker, TimerBroker):
+            self.pending[edge] = self.broker.pending_timers()
 
     def cpu_us_per(self, start: str, end: str, count: int) -> float:
         return round((self.cpu[end] - self.cpu[start]) / count * 1e6, 2) if count else 0.0
 
 
-def pending_timers(broker: BenchBroker, topic: str) -> int:
-    r = broker.stub.ListDelayedMessages(
-        broker_pb2.ListDelayedMessagesRequest(topic=topic, limit=1), timeout=STATUS_TIMEOUT_S
-    )
-    return int(r.total)
+class TimerBroker(BenchBroker):
+    """A bench broker serving /metrics: the pending count is its ``tidemq_timer_pending`` gauge
+    (ListDelayedMessages reads every pending entry: with a million pending it would stall the
+    broker it measures)."""
+
+    def __init__(self, directory: str, store: str) -> None:
+        self.metrics = f"127.0.0.1:{free_port()}"
+        super().__init__(
+            directory,
+            store,
+            broker_name=BROKER_NAME,
+            extra_args=("--metrics-listen", self.metrics),
+        )
+
+    def pending_timers(self) -> int:
+        url = f"http://{self.metrics}/metrics"
+        with urllib.request.urlopen(url, timeout=STATUS_TIMEOUT_S) as r:
+            text = r.read().decode()
+        for line in text.splitlines():
+            if line.startswith(PENDING_GAUGE + " "):
+                return int(float(line.split()[1]))
+        raise RuntimeError(f"{PENDING_GAUGE} not in the broker's /metrics")
 
 
 def open_transactions(broker: BenchBroker) -> int:
@@ -191,10 +211,8 @@ def one_run(run: int, broker: BenchBroker, args: argparse.Namespace) -> dict[str
 
 
 def timer(scratch: str, args: argparse.Namespace) -> dict[str, Any]:
-    with BenchBroker(
-        os.path.join(scratch, "timer"), os.path.join(scratch, "tstore"), broker_name=BROKER_NAME
-    ) as broker:
-        edges = Edges(broker, TIMER_TOPIC)
+    with TimerBroker(os.path.join(scratch, "timer"), os.path.join(scratch, "tstore")) as broker:
+        edges = Edges(broker)
         t = run_timer_bench(
             broker.nameserver,
             topic=TIMER_TOPIC,

@@ -58,6 +58,7 @@ class BenchBroker:
         store: str,
         profile_to: str | None = None,
         broker_name: str = BROKER_NAME,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.dir = directory
         os.makedirs(self.dir, exist_ok=True)
@@ -95,6 +96,7 @@ class BenchBroker:
                     "--auto-create-topics",
                     "--register-interval-ms",
                     "1000",
+                    *extra_args,
                 ],
             )
             self.pid = broker.proc.pid
