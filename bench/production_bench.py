@@ -41,6 +41,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 import urllib.request
 from typing import Any
 
@@ -74,11 +75,13 @@ class Edges:
 
     def __init__(self, broker: BenchBroker) -> None:
         self.broker = broker
+        self.at: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
         self.rss: dict[str, dict[str, int]] = {}
         self.pending: dict[str, int] = {}
 
     def __call__(self, edge: str) -> None:
+        self.at[edge] = time.monotonic()
         self.cpu[edge] = self.broker.cpu_s()
         self.rss[edge] = self.broker.rss()
         if isinstance(self.broker, TimerBroker):
@@ -224,11 +227,13 @@ def timer(scratch: str, args: argparse.Namespace) -> dict[str, Any]:
         )
     n = args.timer_messages
     rss = edges.rss
+    fired = edges.pending["window"] - edges.pending["due"]
     growth = rss["scheduled"]["RssAnon"] - rss["schedule"]["RssAnon"]
     return {
         **t,
         "bench": "timer",
         "pending_when_scheduled": edges.pending["scheduled"],
+        "pending_when_window": edges.pending["window"],
         "pending_when_due": edges.pending["due"],
         "rss_anon_before_bytes": rss["schedule"]["RssAnon"],
         "rss_anon_pending_bytes": rss["scheduled"]["RssAnon"],
@@ -239,7 +244,10 @@ def timer(scratch: str, args: argparse.Namespace) -> dict[str, Any]:
         "vm_rss_growth_bytes": rss["scheduled"]["VmRSS"] - rss["schedule"]["VmRSS"],
         "rss_file_pending_bytes": rss["scheduled"]["RssFile"],
         "broker_schedule_cpu_us_per_msg": edges.cpu_us_per("schedule", "scheduled", n),
-        "broker_fire_cpu_us_per_msg": edges.cpu_us_per("window", "due", n),
+        # Per message fired over the window (with the delivery behind, fewer than n).
+        "fired_in_window": fired,
+        "fire_msgs_per_s": round(fired / (edges.at["due"] - edges.at["window"]), 1),
+        "broker_fire_cpu_us_per_msg": edges.cpu_us_per("window", "due", fired),
     }
 
 
@@ -322,6 +330,7 @@ def main() -> int:
                 "rss_anon_bytes_per_million_pending",
                 "extrapolated_to_million",
                 "broker_schedule_cpu_us_per_msg",
+                "fire_msgs_per_s",
                 "broker_fire_cpu_us_per_msg",
             )
         },
