@@ -74,6 +74,21 @@ class ProducerIdentity:
         at = self._settled_at.get(((q.topic, q.broker_name, q.queue_id), p.producer_epoch))
         return at is not None and at >= since_s
 
+    def settle_stored(self, group: list[Pending]) -> None:
+        """A request's messages, all answered as stored (once per request, not per message)."""
+        now = time.monotonic()
+        unresolved, settled_at = self._unresolved, self._settled_at
+        for p in group:
+            q = p.queue
+            assert q is not None
+            k = ((q.topic, q.broker_name, q.queue_id), p.producer_epoch)
+            settled_at[k] = now
+            waiting = unresolved.get(k)
+            if waiting is not None:
+                waiting.discard(p.sequence)
+                if not waiting:
+                    del unresolved[k]
+
     def settle(self, p: Pending, stored: bool) -> None:
         """The message is answered: stored, or failed for good (which raises the epoch)."""
         q = p.queue

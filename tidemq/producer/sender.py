@@ -267,8 +267,7 @@ class Sender:
             complete(p, result, wake=False)
         if idempotent:
             assert self.identity is not None
-            for p in group:
-                self.identity.settle(p, stored=True)
+            self.identity.settle_stored(group)
         # Blocked callers are woken once for the whole answer, not once per message.
         for p in group:
             if type(p.future) is SendFuture:

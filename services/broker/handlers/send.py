@@ -52,7 +52,9 @@ class SendHandler:
         self.metrics = metrics
         self.transactions = transactions
         self.timer = timer
-        self.idempotence = IdempotentSends(store, self.config.idempotence_max_producers)
+        self.idempotence = IdempotentSends(
+            store, self.config.idempotence_max_producers, self.config.store_dir
+        )
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -80,9 +82,7 @@ class SendHandler:
         batch, idempotent = await self.idempotence.before_put(request, batch)
         wire_kept = request.messages
         if idempotent is not None and len(batch) != len(request.messages):
-            wire_kept = [
-                w for w, d in zip(request.messages, idempotent.decisions, strict=True) if d is None
-            ]
+            wire_kept = idempotent.stored_wire(request.messages)
         timer = self.timer
         delayed = None
         if batch and request.transactional:

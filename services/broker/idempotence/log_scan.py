@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import NamedTuple
 
+from tidemq.services.broker.idempotence.snapshot import (
+    SnapshotFormatError,
+    decode_snapshot,
+    encode_snapshot,
+)
 from tidemq.services.broker.idempotence.stamp import (
     PRODUCER_SEQ_PROPERTY,
     StampFormatError,
@@ -23,6 +29,7 @@ from tidemq.services.broker.idempotence.stamp import (
 )
 from tidemq.services.broker.idempotence.table import IdempotenceTable
 from tidemq.storage import MessageStore
+from tidemq.storage.atomic_file import read_with_fallback, write_atomic
 from tidemq.storage.errors import OffsetBelowMinError
 from tidemq.storage.record import END_OF_FILE, OK, RecordInfo
 from tidemq.storage.record.properties import find_property
@@ -31,6 +38,7 @@ log = logging.getLogger(__name__)
 
 SCAN_CHUNK_BYTES = 4 << 20  # per loop step: a long tail does not hold up other calls
 FOLLOW_INTERVAL_S = 0.1
+SNAPSHOT_INTERVAL_S = 10.0
 # A delayed or half message keeps its own topic and queue in these properties.
 _REAL_TOPIC = b"REAL_TOPIC"
 _REAL_QID = b"REAL_QID"
@@ -64,9 +72,13 @@ class Mark(NamedTuple):
 
 
 class LogScan:
-    def __init__(self, store: MessageStore, table: IdempotenceTable) -> None:
+    def __init__(
+        self, store: MessageStore, table: IdempotenceTable, snapshot_path: str | None = None
+    ) -> None:
         self.store = store
         self.table = table
+        self.snapshot_path = snapshot_path
+        self._saved_position = -1
         self.position = -1  # -1: not scanned yet; the first scan starts at the log's start
         self.mark: Mark | None = None
         self.rebuilds = 0
@@ -130,7 +142,10 @@ class LogScan:
                     self.position = at + size
                     last = (at, info)
                 elif status == END_OF_FILE:
-                    self.position = (at // fs + 1) * fs
+                    # The next file starts where this one ends (files need not start at
+                    # multiples of their size: a slave may restart its log at any offset).
+                    base = max(b for b in log_.file_base_offsets() if b <= at)
+                    self.position = base + fs
                 else:
                     break  # a tail still arriving (or torn): scanned when it is whole
         except OffsetBelowMinError:
@@ -210,11 +225,64 @@ class LogScan:
         )
 
     async def follow(self) -> None:
-        """Scan what is appended for as long as the broker runs."""
+        """Scan what is appended for as long as the broker runs; save the table every
+        SNAPSHOT_INTERVAL_S when it moved."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self.load_snapshot)
         await self.rebuild()
+        saved_at = time.monotonic()
         while True:
             await asyncio.sleep(FOLLOW_INTERVAL_S)
             try:
                 await self.catch_up_fully()
+                if time.monotonic() - saved_at >= SNAPSHOT_INTERVAL_S:
+                    data = self.snapshot_bytes()
+                    if data is not None:
+                        await loop.run_in_executor(None, self.write_snapshot, *data)
+                    saved_at = time.monotonic()
             except Exception:  # logged; the next round tries again
                 log.exception("following the CommitLog for idempotence failed")
+
+    # ------------------------------------------------------------------ snapshots
+    def load_snapshot(self) -> bool:
+        """At start, before the first scan: the saved table, if the log still agrees with it."""
+        if self.snapshot_path is None:
+            return False
+        data = read_with_fallback(self.snapshot_path)
+        if data is None:
+            return False
+        try:
+            position, mark = decode_snapshot(data, self.table)
+        except SnapshotFormatError as e:
+            log.warning("idempotence snapshot ignored (%s): scanning the whole log", e)
+            return False
+        self.position, self.mark = position, Mark(*mark)
+        if not self._agrees():
+            log.warning("the log no longer holds the idempotence snapshot's last record")
+            self.table.clear()
+            self.position, self.mark = -1, None
+            return False
+        self._saved_position = position
+        return True
+
+    def snapshot_bytes(self) -> tuple[str, bytes] | None:
+        """The table encoded now (on the loop), when it holds exactly the records below the
+        position (caught up: nothing the master recorded lies past it) and moved since the
+        last save."""
+        if (
+            self.snapshot_path is None
+            or not self.caught_up
+            or self.mark is None
+            or self.position == self._saved_position
+        ):
+            return None
+        m = self.mark
+        self._saved_position = self.position
+        return self.snapshot_path, encode_snapshot(
+            self.position, (m.phy_offset, m.size, m.queue_offset, m.topic), self.table
+        )
+
+    @staticmethod
+    def write_snapshot(path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(path, data)

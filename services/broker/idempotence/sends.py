@@ -10,6 +10,7 @@ arrives.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from tidemq.storage import FlushMode, Message, MessageStore, PutResult, PutStatu
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 _DISPATCH_WAIT_S = 10.0
+SNAPSHOT_FILE = "idempotence/table.json"  # under the broker's store directory
 
 
 @dataclass(slots=True)
@@ -43,6 +45,11 @@ class SendPlan:
     epoch: int
     decisions: list[Original | None]
     keys: list[tuple[str, int, int]]  # (topic, queue, seq) of each stored message, in order
+    kept: list[int]  # the request's index of each stored message
+
+    def stored_wire(self, messages: Sequence[Any]) -> list[Any]:
+        """The request's messages that are stored, in order (aligned with the put's batch)."""
+        return [messages[i] for i in self.kept]
 
 
 def sequence_gap(message: str) -> ServiceError:
@@ -56,10 +63,13 @@ def producer_fenced(message: str) -> ServiceError:
 
 
 class IdempotentSends:
-    def __init__(self, store: MessageStore, max_producers: int) -> None:
+    def __init__(
+        self, store: MessageStore, max_producers: int, snapshot_dir: str | None = None
+    ) -> None:
         self.store = store
         self.table = IdempotenceTable(max_producers)
-        self.scan = LogScan(store, self.table)
+        path = os.path.join(snapshot_dir, SNAPSHOT_FILE) if snapshot_dir else None
+        self.scan = LogScan(store, self.table, path)
         self.duplicates = 0  # messages answered from their first store
         self.gaps = 0
         self.fenced = 0
@@ -82,15 +92,17 @@ class IdempotentSends:
         epoch = request.producer_epoch
         if pid < 0 or epoch < 0:
             raise invalid("producer_id must be > 0 and producer_epoch >= 0")
+        # Keyed by the queue the producer named (a delayed message is stored elsewhere).
         wanted = []
-        for w, m in zip(request.messages, batch, strict=True):
+        for w in request.messages:
             if w.sequence < 0:
                 raise invalid("an idempotent message's sequence must be >= 0")
-            wanted.append(((m.topic, m.queue_id), w.sequence))
-        if not self.scan.caught_up:
-            await self.scan.catch_up_fully()  # a promoted master's first sends
-        while self.scan.catch_up():  # no await from here to the put
-            pass
+            wanted.append(((w.topic, w.queue_id), w.sequence))
+        scan = self.scan
+        if not scan.caught_up:  # a promoted master's first sends, or others' appends
+            await scan.catch_up_fully()
+            while scan.catch_up():  # no await from here to the put
+                pass
         try:
             decisions = self.table.decide(pid, epoch, wanted)
         except SequenceGapError as e:
@@ -99,15 +111,22 @@ class IdempotentSends:
         except ProducerFencedError as e:
             self.fenced += 1
             raise producer_fenced(str(e)) from None
+        prefix = encode_stamp(pid, epoch, 0)[:-1]  # "id.epoch.": the sequence goes after
         store: list[Message] = []
         keys = []
-        for m, ((topic, qid), seq), d in zip(batch, wanted, decisions, strict=True):
+        kept = []
+        for i, (m, ((topic, qid), seq), d) in enumerate(zip(batch, wanted, decisions, strict=True)):
             if d is None:
-                stamp = encode_stamp(pid, epoch, seq)
-                m.properties = {**m.properties, PRODUCER_SEQ_PROPERTY: stamp}
+                kept.append(i)
+                props = m.properties
+                stamp = f"{prefix}{seq:x}"
+                if type(props) is dict:  # the request's own copy (to_store_message)
+                    props[PRODUCER_SEQ_PROPERTY] = stamp
+                else:
+                    m.properties = {**props, PRODUCER_SEQ_PROPERTY: stamp}
                 store.append(m)
                 keys.append((topic, qid, seq))
-        return store, SendPlan(pid, epoch, decisions, keys)
+        return store, SendPlan(pid, epoch, decisions, keys, kept)
 
     def after_put(
         self, plan: SendPlan | None, batch: Sequence[Message], put: PutResult | None
