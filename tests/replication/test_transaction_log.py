@@ -76,7 +76,7 @@ def test_a_follower_applying_the_copied_logs_holds_the_masters_open_transactions
         master.append(Checked(offsets[2], 1, NOW))
         assert m.wait_dispatched(m.log.max_offset, 10)
         copy_log(m, s)
-        follower.catch_up()
+        follower.catch_up(verify=True)
         assert sorted(follower.state.open) == sorted(master.state.open) == offsets[2:]
         assert follower.state.open[offsets[2]].checks == 1
         assert follower.retention_position() == (HALF_TOPIC, 0, 2)
@@ -128,15 +128,15 @@ def test_a_slave_whose_log_was_cut_back_rebuilds(tmp_path: Path) -> None:
         offsets = send_halves(m, 2)
         master.catch_up()
         copy_log(m, s)
-        follower.catch_up()
+        follower.catch_up(verify=True)
         cut = s.log.max_offset
         more = send_halves(m, 2, first=2)
         copy_log(m, s)
-        follower.catch_up()
+        follower.catch_up(verify=True)
         assert sorted(follower.state.open) == offsets + more
         s.truncate_to(cut, "diverged")  # a diverged tail, cut back to the new master's history
         assert s.wait_dispatched(s.log.max_offset, 10)
-        follower.catch_up()
+        follower.catch_up(verify=True)
         assert sorted(follower.state.open) == offsets
         assert follower.rebuilds == 1
 
@@ -148,3 +148,31 @@ def test_catch_up_fully_applies_everything_dispatched(tmp_path: Path) -> None:
         offsets = send_halves(m, 700)  # more than one chunk
         asyncio.run(txlog.catch_up_fully())
         assert len(txlog.state) == len(offsets)
+
+
+def test_a_diverged_tail_replaced_by_the_new_masters_history_rebuilds(tmp_path: Path) -> None:
+    with open_store(tmp_path / "m") as m, open_store(tmp_path / "s") as s:
+        new_master, follower = TransactionLog(m), TransactionLog(s)
+        new_master.open()
+        follower.open()
+        common = send_halves(m, 2)
+        copy_log(m, s)
+        follower.catch_up(verify=True)
+        cut = s.log.max_offset
+        # The old master (s) stored halves its slaves never got, and resolved one of them...
+        diverged = send_halves(s, 2, first=100)
+        follower.catch_up(verify=True)
+        follower.append(Resolved(common[0], Resolution.ROLLBACK, False))
+        assert sorted(follower.state.open) == [common[1], *diverged]
+        # ...while the new master (m) wrote other records at the same places (as many or more:
+        # the logs did not get shorter, only different).
+        theirs = send_halves(m, 3, first=200)
+        new_master.catch_up()
+        new_master.append(Checked(common[1], 1, NOW))
+        assert m.wait_dispatched(m.log.max_offset, 10)
+        s.truncate_to(cut, "diverged")
+        copy_log(m, s)
+        follower.catch_up(verify=True)
+        assert sorted(follower.state.open) == common + theirs
+        assert follower.state.open[common[1]].checks == 1
+        assert follower.rebuilds == 1

@@ -118,8 +118,8 @@ class TransactionalSends:
             broker,
             topic,
             r.commitlog_offset,
-            resp.epoch,
-            address,
+            epoch=resp.epoch,
+            broker_address=address,
             transaction_id=r.transaction_id,
         )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Sequence
 
 from tidemq.services.broker.transactions.events import (
@@ -53,7 +54,9 @@ class TransactionLog:
         self.state = OpenTransactions()
         self.half_next = 0  # next queue offset of the half queue to apply
         self.op_next = 0
-        self._op_last_phy = -1
+        # The last record applied of each log: (CommitLog offset, body CRC); -1: none.
+        self._half_last = (-1, 0)
+        self._op_last = (-1, 0)
         self.rebuilds = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._behind = asyncio.Event()
@@ -68,7 +71,7 @@ class TransactionLog:
         self.state = OpenTransactions()
         self.half_next = self.store.min_offset(HALF_TOPIC, 0)
         self.op_next = self.store.min_offset(OP_TOPIC, OP_QUEUE)
-        self._op_last_phy = -1
+        self._half_last = self._op_last = (-1, 0)
         self._apply_all()
         log.info(
             "transactions rebuilt (%s): %d open, half log at %d, op log at %d",
@@ -82,7 +85,8 @@ class TransactionLog:
     def append(self, event: Event, before: Sequence[Message] = ()) -> PutResult:
         """Put ``before`` (the committed message) and the event's record in one put, and apply
         the event."""
-        record = Message(topic=OP_TOPIC, queue_id=OP_QUEUE, body=encode_event(event))
+        body = encode_event(event)
+        record = Message(topic=OP_TOPIC, queue_id=OP_QUEUE, body=body)
         put = self.store.put_messages([*before, record])
         r = put.results[-1]
         if r.queue_offset != self.op_next:
@@ -90,18 +94,18 @@ class TransactionLog:
             raise LogBehindError(f"op record at {r.queue_offset}, state at {self.op_next}")
         self.state.apply(event)
         self.op_next = r.queue_offset + 1
-        self._op_last_phy = r.phy_offset
+        self._op_last = (r.phy_offset, zlib.crc32(body))
         return put
 
     async def catch_up_fully(self) -> None:
         """Before a promoted master decides anything: every record of its log, applied."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self.store.wait_dispatched, self.store.log.max_offset, 30)
-        await self._catch_up_in_steps()
+        await self._catch_up_in_steps(verify=True)
 
-    async def _catch_up_in_steps(self) -> None:
+    async def _catch_up_in_steps(self, *, verify: bool) -> None:
         # A chunk per step of the loop: a long backlog does not hold up other calls.
-        applied = self.catch_up(CHUNK)
+        applied = self.catch_up(CHUNK, verify=verify)
         while applied:
             await asyncio.sleep(0)
             applied = self.catch_up(CHUNK)
@@ -144,21 +148,35 @@ class TransactionLog:
             await self._behind.wait()
             self._behind.clear()
             try:
-                await self._catch_up_in_steps()
+                await self._catch_up_in_steps(verify=True)
             except Exception:  # logged; the next dispatch tries again
                 log.exception("following the transaction logs failed")
 
-    def catch_up(self, max_records: int | None = None) -> int:
-        """Apply dispatched records after the applied positions; a log cut back rebuilds."""
+    def catch_up(self, max_records: int | None = None, *, verify: bool = False) -> int:
+        """Apply dispatched records after the applied positions. With ``verify`` (following
+        replicated records, promotion), a log cut back under the state first rebuilds it: it
+        ends before the applied position, or the last record applied is gone or different (a
+        slave's diverged tail replaced by its new master's history). A master appending its
+        own records skips that look."""
         store = self.store
-        ahead = self._op_last_phy >= store.dispatched_offset
-        if store.max_offset(HALF_TOPIC, 0) < self.half_next or (
-            not ahead and store.max_offset(OP_TOPIC, OP_QUEUE) < self.op_next
+        # The master's own last op record, applied as appended, not yet dispatched.
+        ahead = self._op_last[0] >= store.dispatched_offset
+        if verify and not (
+            self._agrees(HALF_TOPIC, 0, self.half_next, self._half_last)
+            and (ahead or self._agrees(OP_TOPIC, OP_QUEUE, self.op_next, self._op_last))
         ):
             self.rebuilds += 1
             self._rebuild("the log was cut back")
             return 0
         return self._apply_all(max_records, ops=not ahead)
+
+    def _agrees(self, topic: str, qid: int, next_offset: int, last: tuple[int, int]) -> bool:
+        if self.store.max_offset(topic, qid) < next_offset:
+            return False
+        if last[0] < 0:
+            return True
+        got = self._read(topic, qid, next_offset - 1, 1)
+        return bool(got) and (got[0].phy_offset, zlib.crc32(got[0].body)) == last
 
     def _apply_all(self, max_records: int | None = None, *, ops: bool = True) -> int:
         applied = 0
@@ -197,6 +215,7 @@ class TransactionLog:
         else:
             self.state.add_half(half, m.phy_offset + m.size)
         self.half_next = m.queue_offset + 1
+        self._half_last = (m.phy_offset, zlib.crc32(m.body))
 
     def _apply_op(self, m: StoredMessage) -> None:
         try:
@@ -206,7 +225,7 @@ class TransactionLog:
         else:
             self.state.apply(event)
         self.op_next = m.queue_offset + 1
-        self._op_last_phy = m.phy_offset
+        self._op_last = (m.phy_offset, zlib.crc32(m.body))
 
     def _read(self, topic: str, qid: int, offset: int, count: int) -> list[StoredMessage]:
         try:
