@@ -19,7 +19,7 @@ from tests.integration.conftest import (
     StartBroker,
     StartNameServer,
 )
-from tests.integration.delayed import Schedule, lateness_report, p99, stored
+from tests.integration.delayed import Schedule, lateness_report, p99, stored, stored_count
 from tests.integration.failover import Group
 from tests.integration.replicas import (
     ONE_MIB_FILES,
@@ -50,7 +50,7 @@ def wait_delivered(
 ) -> None:
     def done() -> bool:
         try:
-            return len(stored(broker_of(), TOPIC, QUEUES)) >= len(due)
+            return stored_count(broker_of(), TOPIC) >= len(due)
         except Exception:  # noqa: BLE001 - a broker still starting: look again
             return False
 
@@ -105,6 +105,7 @@ def test_automatic_failover_delivers_the_old_masters_delayed_messages_on_time(
     schedule = Schedule()
     with tidemq.Producer(ns.address) as producer:
         schedule.send(producer, TOPIC, delays(2))
+        later = producer.send(TOPIC, b"recall-me", delay=120)
     first = group.master()
     group.wait_isr({1, 2, 3})
     deadline = time.time() + FAULT_AFTER_S
@@ -113,6 +114,11 @@ def test_automatic_failover_delivers_the_old_masters_delayed_messages_on_time(
     group.kill(first)
     second = group.master(not_id=first)
     up_at = time.time() * 1000
+    # The handle names the group, not a broker: the new master recalls the old master's timer.
+    with tidemq.Producer(ns.address) as producer:
+        assert producer.recall(TOPIC, later.recall_handle) == later.msg_id
+        with pytest.raises(tidemq.errors.DelayedMessageNotFound):
+            producer.recall(TOPIC, later.recall_handle)
     wait_delivered(lambda: group.brokers[group.master()], schedule.due, SPREAD_S + 20)
     # Most of the schedule fell due after the first master died: the new master fired it.
     assert sum(at > up_at for at in schedule.due.values()) > COUNT // 3

@@ -23,7 +23,7 @@ from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.timer.events import TIMER_LOG_TOPIC, Fired, decode_timer_event
 from tidemq.services.broker.timer.journal import TimerJournal
 from tidemq.services.broker.timer.recall_handle import RecallHandle
-from tidemq.services.broker.timer.service import TimerService
+from tidemq.services.broker.timer.service import REBUILD_CHUNK, TimerService
 from tidemq.services.broker.timer.wheel import TimerWheel
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.errors import ServiceError
@@ -250,3 +250,37 @@ def test_retention_keeps_a_pending_timer_record_and_the_log_it_needs_whatever_th
         assert deleted > 0
     finally:
         again.close()
+
+
+def test_a_send_made_while_a_long_rebuild_runs_is_fired_exactly_once(tmp_path: Path) -> None:
+    b = Broker(tmp_path)
+    try:
+        n = REBUILD_CHUNK * 2 + 10  # the rebuild takes several loop steps
+        for start in range(0, n, 512):
+            count = min(512, n - start)
+            wire = [common_pb2.Message(topic="orders", queue_id=1, delay_ms=1_000)] * count
+            batch = [Message("orders", f"m{start + i}".encode(), 1) for i in range(count)]
+            delayed = b.service.scheduling.prepare(wire, batch, NOW)
+            assert delayed
+            b.store.put_messages(batch)  # before the service leads: the scan finds them
+        b.settle(b.store.put_messages([Message("other", b"x", 0)]))
+
+        async def rebuild_with_a_send_in_between() -> None:
+            lead = asyncio.create_task(b.service.lead())
+            # One loop step at a time until the rebuild has begun (no clock involved).
+            while b.wheel.pending_count == 0:  # noqa: ASYNC110 - stepping the loop, not polling
+                await asyncio.sleep(0)
+            assert not lead.done()
+            b.send(b"during", 2_000)
+            await lead
+
+        asyncio.run(rebuild_with_a_send_in_between())
+        assert b.wheel.pending_count == n + 1
+        while b.fire(NOW + 10_000):
+            pass
+        got = b.store.get_messages("orders", 1, 0, 4 * n, 64 << 20).messages
+        bodies = [m.body for m in got]
+        assert len(bodies) == n + 1 == len(set(bodies))
+        assert b"during" in bodies
+    finally:
+        b.close()

@@ -19,12 +19,14 @@ import os
 import re
 import struct
 import zlib
-from dataclasses import dataclass
 
+from tidemq.services.broker.event_log import LogMark
 from tidemq.services.broker.receive.states import ReceiveStates
 from tidemq.storage.atomic_file import write_atomic
 
 log = logging.getLogger(__name__)
+
+__all__ = ["KEEP", "LogMark", "SnapshotFileError", "SnapshotFiles", "decode", "encode"]
 
 KEEP = 3
 _NAME = re.compile(r"^snapshot-(\d{20})\.bin$")
@@ -37,17 +39,6 @@ _HEADER_CRC = struct.Struct(">I")
 
 class SnapshotFileError(ValueError):
     """A snapshot file that cannot be used (damaged, or of an unknown version)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogMark:
-    """How far the applied state has read the receive log: ``next_offset`` is the next queue
-    offset of the log to apply; ``last_phy`` and ``last_crc`` name the record just before it
-    (-1 and 0 when the state holds no record)."""
-
-    next_offset: int
-    last_phy: int = -1
-    last_crc: int = 0
 
 
 def encode(mark: LogMark, states: ReceiveStates) -> bytes:

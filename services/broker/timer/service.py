@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 # Timers fired per tick at most (one put); more wait for the next tick.
 FIRE_BATCH = 2048
 _SCAN_CHUNK = 4096
+# ConsumeQueue entries a wheel rebuild adds per step of the event loop.
+REBUILD_CHUNK = 16_384
 
 
 class TimerCounters(Protocol):
@@ -146,21 +148,28 @@ class TimerService:
                 return
             epoch = self.role.epoch
             await self.journal.catch_up_fully()
-            self._rebuild_wheel()
+            await self._rebuild_wheel()
             self._led_epoch = epoch
 
-    def _rebuild_wheel(self) -> None:
-        """In one step of the loop: nothing fires or recalls meanwhile."""
+    async def _rebuild_wheel(self) -> None:
+        """From the queue as dispatched when it starts, a chunk per loop step (a million
+        pending take seconds: other calls, heartbeats and the lease go on meanwhile). Nothing
+        fires or recalls before it ends; sends made meanwhile are held, and those the scan did
+        not cover are added at the end."""
         self.wheel.clear()
         progress = self.journal.progress
-        scanned_to = progress.low_seq
-        for seq, timer_id, due in self.entries(progress.low_seq):
-            if progress.is_pending(timer_id, due, seq):
-                self.wheel.add(due, seq, timer_id)
-            scanned_to = seq + 1
-        for due, seq, timer_id in self._held:
-            if seq >= scanned_to:
-                self.wheel.add(due, seq, timer_id)
+        stop = self.store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
+        seq = progress.low_seq
+        while seq < stop:
+            upto = min(stop, seq + REBUILD_CHUNK)
+            for s, timer_id, due in self.entries(seq, upto):
+                if progress.is_pending(timer_id, due, s):
+                    self.wheel.add(due, s, timer_id)
+            seq = upto
+            await asyncio.sleep(0)
+        for due, s, timer_id in self._held:
+            if s >= stop:
+                self.wheel.add(due, s, timer_id)
         self._held.clear()
         log.info(
             "timer wheel rebuilt: %d pending (delivered up to %d, from sequence %d)",
