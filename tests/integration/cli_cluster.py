@@ -39,7 +39,7 @@ def start_cluster(
         route = json.loads(tidemq(ns, "topic", "describe", TOPIC, "--json").stdout)
         return set(route["brokers"]) == set(names)
 
-    wait_until(routed_everywhere, 30, "every broker group to be routed and the topic created")
+    wait_until(routed_everywhere, 60, "every broker group to be routed and the topic created")
     return Cluster(ns, brokers)
 
 
