@@ -91,15 +91,17 @@ system-deps:
 			-o DPkg::Lock::Timeout=300 $$missing; \
 	fi
 
-# Prints JSON lines: the project's store, services, replication, receive/ack and Spark pipeline
-# figures and, measured in the same run, their ceilings (perfkit's mmap append and gRPC cases;
-# offset-based consumption for receive/ack; tidemq bench consume and a sequential file read for
-# the pipeline).
+# Prints JSON lines: the project's store, services, replication, receive/ack, production
+# semantics (delayed delivery, idempotent and transactional sends) and Spark pipeline figures
+# and, measured in the same run, their ceilings (perfkit's mmap append and gRPC cases;
+# offset-based consumption for receive/ack; plain produce beside idempotent; tidemq bench
+# consume and a sequential file read for the pipeline).
 bench: venv
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/receive_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/production_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/failover_bench.py
 	$(PY) bench/pipeline_bench.py
 

@@ -52,7 +52,14 @@ class BenchBroker:
     """Leaving ``with`` stops the broker, then the nameserver; the directory stays (the caller
     may start another broker on the same store)."""
 
-    def __init__(self, directory: str, store: str, profile_to: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: str,
+        store: str,
+        profile_to: str | None = None,
+        broker_name: str = BROKER_NAME,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.dir = directory
         os.makedirs(self.dir, exist_ok=True)
         self.procs: list[Process] = []
@@ -81,7 +88,7 @@ class BenchBroker:
                     "--nameserver",
                     self.nameserver,
                     "--broker-name",
-                    BROKER_NAME,
+                    broker_name,
                     "--role",
                     "ASYNC_MASTER",
                     "--flush",
@@ -89,6 +96,7 @@ class BenchBroker:
                     "--auto-create-topics",
                     "--register-interval-ms",
                     "1000",
+                    *extra_args,
                 ],
             )
             self.pid = broker.proc.pid

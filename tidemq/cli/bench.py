@@ -1,5 +1,6 @@
 """``tidemq bench``: produce, consume and receive-and-ack rates against a running cluster, as
-JSON (the receive loops are in ``bench_receive``).
+JSON (the receive loops are in ``bench_receive``), and those of production semantics (delayed
+messages in ``bench_timer``, transactions in ``bench_transactions``).
 
 The figures mean something only beside a ceiling measured in the same run on the same machine
 (``bench/services_bench.py`` runs these next to perfkit's gRPC ceilings, and
@@ -15,10 +16,12 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tidemq.cli.bench_receive import DEFAULT_BATCH, MODES, run_receive_bench
+from tidemq.cli.bench_timer import run_timer_bench
+from tidemq.cli.bench_transactions import run_transaction_bench
 from tidemq.cli.common import add_nameserver
 from tidemq.consumer import Consumer
 from tidemq.producer import Producer
@@ -78,16 +81,20 @@ def run_produce_bench(
     unbatched: bool = False,
     progress: bool = True,
     rate: float | None = None,
+    producer_settings: Mapping[str, Any] | None = None,
+    on_window: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """``rate``: messages per second to send at, warm-up included (None: as fast as possible)."""
+    """``rate``: messages per second to send at, warm-up included (None: as fast as possible).
+    ``producer_settings``: more ``ProducerConfig`` settings. ``on_window("start")`` and
+    ``on_window("end")`` are called around the measured part (after the warm-up)."""
     if messages <= 0 or body_bytes < 0:
         raise ValueError("--messages must be > 0 and --body-bytes >= 0")
     if rate is not None and rate <= 0:
         raise ValueError("--rate must be > 0")
     body = b"x" * body_bytes
-    settings: dict[str, Any] = {}
+    settings: dict[str, Any] = dict(producer_settings or {})
     if unbatched:
-        settings = {"batch_max_messages": 1, "max_in_flight_per_broker": 1}
+        settings.update(batch_max_messages=1, max_in_flight_per_broker=1)
     with Producer(nameserver, **settings) as producer:
         pace = _Pacer(rate)
         warmup = []
@@ -99,6 +106,8 @@ def run_produce_bench(
         warm = producer.stats.requests, producer.stats.messages
         statuses: Counter[str] = Counter()
         bar = _Progress("produced", messages, progress)
+        if on_window is not None:
+            on_window("start")
         cpu0, t0 = time.process_time(), time.perf_counter()
         latencies: list[float] = []
         pace.restart()
@@ -122,6 +131,8 @@ def run_produce_bench(
                 statuses[f.result().status.value] += 1
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
+        if on_window is not None:
+            on_window("end")
         requests = producer.stats.requests - warm[0]
         sent = producer.stats.messages - warm[1]
     out: dict[str, Any] = {
@@ -133,6 +144,7 @@ def run_produce_bench(
         "msgs_per_s": round(messages / wall, 1),
         "MBps": round(messages * body_bytes / wall / 1e6, 2),
         "client_cpu_pct": round(cpu / wall * 100, 1),
+        "client_cpu_us_per_msg": round(cpu / messages * 1e6, 2),
         "requests": requests,
         "messages_per_request": round(sent / requests, 1) if requests else 0,
         "statuses": dict(statuses),
@@ -236,6 +248,79 @@ def cmd_bench_receive(args: argparse.Namespace) -> int:
     return 0
 
 
+PRODUCTION_MODES = ("timer", "plain", "idempotent", "transactions")
+
+
+def cmd_bench_production(args: argparse.Namespace) -> int:
+    bar = _Progress(args.mode, args.messages, not args.json)
+
+    def progress(what: str, done: int) -> None:
+        bar.what = what
+        bar.update(done)
+
+    topic = args.topic or f"Bench{args.mode.capitalize()}"
+    if args.mode == "timer":
+        result = run_timer_bench(
+            args.nameserver,
+            topic=topic,
+            messages=args.messages,
+            window_s=args.window_s,
+            lead_s=args.lead_s,
+            body_bytes=args.body_bytes,
+            progress=progress,
+        )
+    elif args.mode == "transactions":
+        result = run_transaction_bench(
+            args.nameserver,
+            topic=topic,
+            transactions=args.messages,
+            body_bytes=args.body_bytes,
+            concurrency=args.concurrency,
+            progress=progress,
+        )
+    else:
+        result = run_produce_bench(
+            args.nameserver,
+            topic=topic,
+            messages=args.messages,
+            body_bytes=args.body_bytes,
+            progress=not args.json,
+            producer_settings={"idempotent": args.mode == "idempotent"},
+        )
+        result["idempotent"] = args.mode == "idempotent"
+    print(json.dumps(result))
+    return 0
+
+
+def _add_production_parser(bsub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    bp = bsub.add_parser(
+        "production",
+        help="delayed delivery lateness, idempotent or plain produce, transaction throughput",
+    )
+    bp.add_argument(
+        "--mode",
+        choices=PRODUCTION_MODES,
+        default="timer",
+        help="timer: schedule --messages delayed messages over --window-s, read them back, "
+        "their lateness; plain / idempotent: produce with idempotence off / on; transactions: "
+        "send + commit, --concurrency at once",
+    )
+    bp.add_argument("--topic", help="default Bench<Mode>")
+    bp.add_argument("--messages", type=int, default=100_000, help="messages (or transactions)")
+    bp.add_argument("--body-bytes", type=int, default=1024)
+    bp.add_argument("--window-s", type=float, default=60.0, help="timer: delivery times span")
+    bp.add_argument(
+        "--lead-s",
+        type=float,
+        help="timer: from the start of scheduling to the first delivery time (default: "
+        "estimated from a warm-up, so that all are pending before the first is due)",
+    )
+    bp.add_argument("--concurrency", type=int, default=16, help="transactions at once")
+    bp.add_argument("--json", action="store_true", help="JSON only, no progress lines")
+    add_nameserver(bp)
+    bp.set_defaults(func=cmd_bench_production)
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     b = sub.add_parser("bench", help="measure produce, consume and receive rates (JSON)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
@@ -287,3 +372,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     br.add_argument("--json", action="store_true", help="JSON only, no progress lines")
     add_nameserver(br)
     br.set_defaults(func=cmd_bench_receive)
+    _add_production_parser(bsub)
