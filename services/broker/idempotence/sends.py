@@ -10,6 +10,7 @@ arrives.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,9 @@ from tidemq.storage import FlushMode, Message, MessageStore, PutResult, PutStatu
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 _DISPATCH_WAIT_S = 10.0
+# How long a request whose sequence is ahead of the table waits for the earlier request of its
+# producer and queue (overtaken inside this broker) before it is refused with SEQUENCE_GAP.
+GAP_WAIT_S = 0.25
 SNAPSHOT_FILE = "idempotence/table.json"  # under the broker's store directory
 
 
@@ -70,6 +74,8 @@ class IdempotentSends:
         self.table = IdempotenceTable(max_producers)
         path = os.path.join(snapshot_dir, SNAPSHOT_FILE) if snapshot_dir else None
         self.scan = LogScan(store, self.table, path)
+        # Set (and replaced) by every idempotent put: what a request behind a gap waits on.
+        self._stored = asyncio.Event()
         self.duplicates = 0  # messages answered from their first store
         self.gaps = 0
         self.fenced = 0
@@ -101,16 +107,26 @@ class IdempotentSends:
         scan = self.scan
         if not scan.caught_up:  # a promoted master's first sends, or others' appends
             await scan.catch_up_fully()
+        loop = asyncio.get_running_loop()
+        gap_deadline = loop.time() + GAP_WAIT_S
+        while True:
             while scan.catch_up():  # no await from here to the put
                 pass
-        try:
-            decisions = self.table.decide(pid, epoch, wanted)
-        except SequenceGapError as e:
-            self.gaps += 1
-            raise sequence_gap(str(e)) from None
-        except ProducerFencedError as e:
-            self.fenced += 1
-            raise producer_fenced(str(e)) from None
+            try:
+                decisions = self.table.decide(pid, epoch, wanted)
+                break
+            except SequenceGapError as e:
+                # Requests of one producer overtake each other inside the broker (each handler
+                # awaits before its put): the earlier one is most likely a moment away. Wait
+                # for it here rather than send the producer round a retry.
+                left = gap_deadline - loop.time()
+                if left <= 0:
+                    self.gaps += 1
+                    raise sequence_gap(str(e)) from None
+                await self._next_store(left)
+            except ProducerFencedError as e:
+                self.fenced += 1
+                raise producer_fenced(str(e)) from None
         prefix = encode_stamp(pid, epoch, 0)[:-1]  # "id.epoch.": the sequence goes after
         store: list[Message] = []
         keys = []
@@ -128,12 +144,19 @@ class IdempotentSends:
                 keys.append((topic, qid, seq))
         return store, SendPlan(pid, epoch, decisions, keys, kept)
 
+    async def _next_store(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stored.wait(), timeout_s)
+
     def after_put(
         self, plan: SendPlan | None, batch: Sequence[Message], put: PutResult | None
     ) -> None:
         """Right after the put, in the same loop step: the stored sequences go in the table."""
         if put is None or not put.results:
             return
+        if plan is not None:
+            signal, self._stored = self._stored, asyncio.Event()
+            signal.set()  # requests waiting behind a gap decide again
         results = put.results
         if plan is not None:
             record = self.table.record
