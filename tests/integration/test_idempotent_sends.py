@@ -5,6 +5,8 @@ the CommitLog) and on a slave that takes over."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -157,3 +159,22 @@ def test_a_slave_restarted_as_master_answers_retries_of_what_its_master_stored(
         for a, r in zip(first, again[:2], strict=True)
     )
     assert stored(promoted) == 3
+
+
+def test_a_request_that_overtook_the_one_before_it_waits_for_it_instead_of_failing(
+    broker: BrokerProcess,
+) -> None:
+    """Two requests of one producer in flight at once may reach the put in either order: the
+    later one, arriving first, waits a moment for the earlier one and both are stored in
+    sequence order, without a SEQUENCE_GAP round trip to the producer."""
+    send(broker, request([0]))
+    later = broker.stub().SendMessage.future(request([2, 3]), timeout=30)
+    time.sleep(0.05)  # the later request is inside the broker, waiting behind its gap
+    assert not later.done()
+    earlier = send(broker, request([1]))
+    assert [r.duplicate for r in earlier] == [False]
+    results = later.result()
+    assert [r.duplicate for r in results.results] == [False, False]
+    offsets = [earlier[0].queue_offset, *(r.queue_offset for r in results.results)]
+    assert offsets == [1, 2, 3]
+    assert stored(broker) == 4
