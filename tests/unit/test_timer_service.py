@@ -284,3 +284,22 @@ def test_a_send_made_while_a_long_rebuild_runs_is_fired_exactly_once(tmp_path: P
         assert b"during" in bodies
     finally:
         b.close()
+
+
+def test_a_timer_due_before_dispatch_published_its_record_is_fired_once_it_has(
+    broker: Broker,
+) -> None:
+    """Under SYNC flush dispatch waits for the flush, so a short delay can fall due before
+    its record is readable: it waits for a later tick, it is not dropped."""
+    wire = common_pb2.Message(topic="orders", queue_id=1, body=b"soon", delay_ms=5)
+    batch = [Message("orders", b"soon", 1, None, (), {})]
+    with broker.store._parts.dispatch_lock:  # dispatch lags behind the put
+        delayed = broker.service.scheduling.prepare([wire], batch, NOW)
+        assert delayed
+        put = broker.store.put_messages(batch)
+        broker.service.scheduling.stored(delayed, put)
+        nothing, _ = broker.service.fire(NOW + 10)
+        assert nothing is None
+    broker.settle(put)
+    assert [m.body for m in broker.fire(NOW + 20)][:1] == [b"soon"]
+    assert broker.delivered() == [b"soon"]

@@ -238,6 +238,17 @@ class TimerService:
         due = wheel.pop_due(now, FIRE_BATCH)
         if not due:
             return None, []
+        # A timer due a moment after its send can come up before dispatch has published its
+        # record (under SYNC flush, dispatch waits for the flush): it stays pending for a
+        # later tick instead of being read too early and lost.
+        readable = self.store.dispatched_offset
+        if any(timer_id >= readable for _, _, timer_id in due):
+            for entry in due:
+                if entry[2] >= readable:
+                    wheel.add(*entry)
+            due = [entry for entry in due if entry[2] < readable]
+            if not due:
+                return None, []
         # Right after the pop: the mark covers neither a cut batch's rest nor a pending timer.
         end = self.store.max_offset(TIMER_TOPIC, TIMER_QUEUE)
         event = fired_mark(now, wheel.next_due_ms(), wheel.low_seq(), end)
