@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import tidemq
 from tests.integration.conftest import BrokerProcess
+from tests.integration.replicas import pull_messages
 from tidemq.protos import broker_pb2
 from tidemq.types import ReceivedMessage
 
@@ -67,19 +68,8 @@ def stored(broker: BrokerProcess, topic: str, queues: int) -> dict[bytes, list[i
     each became visible in its topic)."""
     out: dict[bytes, list[int]] = {}
     for q in range(queues):
-        offset = 0
-        while True:
-            r = broker.stub().PullMessage(
-                broker_pb2.PullMessageRequest(
-                    group="delayed-scan", topic=topic, queue_id=q, offset=offset, max_messages=512
-                ),
-                timeout=10,
-            )
-            if not r.messages:
-                break
-            for m in r.messages:
-                out.setdefault(m.body, []).append(m.store_timestamp_ms)
-            offset = r.next_offset
+        for m in pull_messages(broker, q, topic, group="delayed-scan"):
+            out.setdefault(m.body, []).append(m.store_timestamp_ms)
     return out
 
 

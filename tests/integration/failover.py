@@ -14,11 +14,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import pytest
 
 import tidemq
 from tests.integration.conftest import (
@@ -84,13 +85,18 @@ class Group:
         return b
 
     def routed(
-        self, start_nameserver: StartNameServer, topic: str, queues: int, *flags: str
+        self,
+        start_nameserver: StartNameServer,
+        topic: str,
+        queues: int,
+        *flags: str,
+        own_flags: Mapping[int, Sequence[str]] | None = None,
     ) -> NameServerProcess:
-        """A nameserver on this group's ZooKeeper and brokers 1-3 (with ``flags``), elected,
-        all in sync, every one knowing ``topic``."""
+        """A nameserver on this group's ZooKeeper and brokers 1-3 (with ``flags``, and each
+        with its ``own_flags``), elected, all in sync, every one knowing ``topic``."""
         ns = start_nameserver("--zk", self.zk.hosts, "--zk-root", self.root)
         for i in (1, 2, 3):
-            self.start(i, *flags)
+            self.start(i, *flags, *(own_flags or {}).get(i, ()))
         self.master()
         with tidemq.Admin(ns.address) as admin:
             wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
@@ -173,6 +179,16 @@ class Group:
             theirs = commitlog(b)
             for name, data in mine.items():
                 assert theirs.get(name) == data, f"{b.store_dir.name}: commitlog/{name} differs"
+
+
+@pytest.fixture(name="group")
+def group_fixture(
+    start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str
+) -> Iterator[Group]:
+    """``group``: a ``Group`` on the session's ZooKeeper (a test module imports this fixture)."""
+    g = Group(start_broker, zookeeper, zk_root)
+    yield g
+    g.thaw_all()  # a frozen broker cannot obey the SIGTERM that stops it
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ real nameserver, on 1 MiB CommitLog files so every test crosses several of them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
@@ -105,21 +105,27 @@ def wait_identical(master: BrokerProcess, slave: BrokerProcess, timeout_s: float
         assert theirs[name] == data, f"commitlog/{name} differs"
 
 
-def pull_queue(b: BrokerProcess, queue_id: int, topic: str = "orders") -> list[tuple[int, bytes]]:
-    """Everything in one queue, as (queue offset, body)."""
-    got: list[tuple[int, bytes]] = []
+def pull_messages(
+    b: BrokerProcess, queue_id: int, topic: str = "orders", group: str = "g"
+) -> Iterator[Any]:
+    """Every message in one queue, oldest first, pulled by ``group``."""
     offset = 0
     while True:
         r = b.stub().PullMessage(
             broker_pb2.PullMessageRequest(
-                group="g", topic=topic, queue_id=queue_id, offset=offset, max_messages=512
+                group=group, topic=topic, queue_id=queue_id, offset=offset, max_messages=512
             ),
             timeout=10,
         )
         if not r.messages:
-            return got
-        got += [(m.queue_offset, m.body) for m in r.messages]
+            return
+        yield from r.messages
         offset = r.next_offset
+
+
+def pull_queue(b: BrokerProcess, queue_id: int, topic: str = "orders") -> list[tuple[int, bytes]]:
+    """Everything in one queue, as (queue offset, body)."""
+    return [(m.queue_offset, m.body) for m in pull_messages(b, queue_id, topic)]
 
 
 def assert_same_queues(master: BrokerProcess, slave: BrokerProcess, total: int) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -20,7 +20,7 @@ from tests.integration.conftest import (
     StartNameServer,
 )
 from tests.integration.delayed import Schedule, lateness_report, p99, stored, stored_count
-from tests.integration.failover import Group
+from tests.integration.failover import Group, group_fixture  # noqa: F401 - the group fixture
 from tests.integration.replicas import (
     ONE_MIB_FILES,
     SLAVE_FLAGS,
@@ -28,7 +28,6 @@ from tests.integration.replicas import (
     start,
     topic_names,
 )
-from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -96,13 +95,6 @@ def test_sigkill_of_the_master_loses_no_delayed_message_and_delivers_on_time_aft
     copies = sum(len(c) for c in seen.values()) - len(seen)
     assert copies == 0, f"{copies} messages stored twice (a kill keeps the page cache)"
     print(f"sigkill: p99 {p99(late)} ms, max {max(late)} ms, outage {up_at - down_at:.0f} ms")
-
-
-@pytest.fixture
-def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
-    g = Group(start_broker, zookeeper, zk_root)
-    yield g
-    g.thaw_all()
 
 
 def test_automatic_failover_delivers_the_old_masters_delayed_messages_on_time(

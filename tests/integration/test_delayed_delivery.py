@@ -5,13 +5,15 @@ time beyond max_delay_ms is refused and stores nothing; the pending list."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import time
+from collections.abc import Iterator
 
 import pytest
 
 import tidemq
-from tests.integration.conftest import NameServerProcess, StartBroker, free_port
+from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.integration.delayed import Arrivals, list_delayed
 from tests.integration.receive_cluster import create_topic, routed_broker
 from tests.integration.receiving import scrape
@@ -23,15 +25,32 @@ TOPIC = "reminders"
 LATE_MS = 1_000
 
 
+def serving(
+    start_broker: StartBroker,
+    nameserver: NameServerProcess,
+    *flags: str,
+    queues: int = 1,
+    topics: tuple[str, ...] = (TOPIC,),
+) -> BrokerProcess:
+    """One routed broker (with ``flags``) serving ``topics``."""
+    broker = routed_broker(start_broker, nameserver, *flags)
+    for topic in topics:
+        create_topic(nameserver, topic, queues=queues)
+    return broker
+
+
+@contextlib.contextmanager
+def producing_and_watching(nameserver: str) -> Iterator[tuple[tidemq.Producer, Arrivals]]:
+    """A producer, and a consumer recording what arrives in TOPIC."""
+    with tidemq.Producer(nameserver) as producer, Arrivals(nameserver, TOPIC) as seen:
+        yield producer, seen
+
+
 def test_a_delayed_message_arrives_no_earlier_than_due_within_a_second_as_it_was_sent(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    routed_broker(start_broker, nameserver)
-    create_topic(nameserver, TOPIC, queues=2)
-    with (
-        tidemq.Producer(nameserver.address) as producer,
-        Arrivals(nameserver.address, TOPIC) as seen,
-    ):
+    serving(start_broker, nameserver, queues=2)
+    with producing_and_watching(nameserver.address) as (producer, seen):
         now = time.time()
         results = {}
         for i, delay in enumerate((1.0, 2.5, 1.5)):
@@ -66,12 +85,8 @@ def test_a_delayed_message_arrives_no_earlier_than_due_within_a_second_as_it_was
 def test_delay_level_two_delivers_after_five_seconds(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    routed_broker(start_broker, nameserver)
-    create_topic(nameserver, TOPIC, queues=1)
-    with (
-        tidemq.Producer(nameserver.address) as producer,
-        Arrivals(nameserver.address, TOPIC) as seen,
-    ):
+    serving(start_broker, nameserver)
+    with producing_and_watching(nameserver.address) as (producer, seen):
         before = time.time() * 1000
         r = producer.send(TOPIC, b"level2", delay_level=2)
         assert 5_000 <= r.deliver_at_ms - before <= 5_000 + 2_000
@@ -84,13 +99,10 @@ def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
     metrics = f"127.0.0.1:{free_port()}"
-    broker = routed_broker(start_broker, nameserver, "--metrics-listen", metrics)
-    create_topic(nameserver, TOPIC, queues=1)
-    create_topic(nameserver, "another-topic", queues=1)
-    with (
-        tidemq.Producer(nameserver.address) as producer,
-        Arrivals(nameserver.address, TOPIC) as seen,
-    ):
+    broker = serving(
+        start_broker, nameserver, "--metrics-listen", metrics, topics=(TOPIC, "another-topic")
+    )
+    with producing_and_watching(nameserver.address) as (producer, seen):
         kept = producer.send(TOPIC, b"kept", delay=2)
         gone = producer.send(TOPIC, b"gone", delay=1)
         assert producer.recall(TOPIC, gone.recall_handle) == gone.msg_id
@@ -119,12 +131,8 @@ def test_a_recalled_message_is_never_delivered_and_recall_after_delivery_is_not_
 def test_a_time_already_past_is_delivered_now_in_its_topic(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    routed_broker(start_broker, nameserver)
-    create_topic(nameserver, TOPIC, queues=1)
-    with (
-        tidemq.Producer(nameserver.address) as producer,
-        Arrivals(nameserver.address, TOPIC) as seen,
-    ):
+    serving(start_broker, nameserver)
+    with producing_and_watching(nameserver.address) as (producer, seen):
         r = producer.send(TOPIC, b"past", deliver_at=int(time.time() * 1000) - 60_000)
         assert r.ok and r.queue_offset == 0 and not r.recall_handle and r.deliver_at_ms == 0
         wait_until(lambda: seen.has(b"past"), 10, "the past message")
@@ -134,8 +142,7 @@ def test_a_time_already_past_is_delivered_now_in_its_topic(
 def test_a_delay_beyond_max_delay_is_refused_and_nothing_is_stored(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    broker = routed_broker(start_broker, nameserver, "--max-delay-ms", "60000")
-    create_topic(nameserver, TOPIC, queues=1)
+    broker = serving(start_broker, nameserver, "--max-delay-ms", "60000")
     with tidemq.Producer(nameserver.address) as producer:
         with pytest.raises(tidemq.errors.DelayTooLong) as e:
             producer.send(TOPIC, b"too-far", delay=61)
@@ -148,9 +155,7 @@ def test_a_delay_beyond_max_delay_is_refused_and_nothing_is_stored(
 def test_the_pending_list_is_soonest_first_per_topic_with_the_total(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    broker = routed_broker(start_broker, nameserver)
-    create_topic(nameserver, TOPIC, queues=1)
-    create_topic(nameserver, "other", queues=1)
+    broker = serving(start_broker, nameserver, topics=(TOPIC, "other"))
     with tidemq.Producer(nameserver.address) as producer:
         late = producer.send(TOPIC, b"late", delay=300, tag="t", keys=["k"])
         soon = producer.send(TOPIC, b"soon", delay=100)
@@ -187,8 +192,7 @@ async def _async_round(nameserver: str) -> tuple[tidemq.SendResult, list[tidemq.
 def test_async_producer_and_batches_carry_the_delivery_options(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
-    routed_broker(start_broker, nameserver)
-    create_topic(nameserver, TOPIC, queues=1)
+    serving(start_broker, nameserver)
     with Arrivals(nameserver.address, TOPIC) as seen:
         one, (late, now), recalled_id = asyncio.run(_async_round(nameserver.address))
         assert one.recall_handle and late.recall_handle and recalled_id

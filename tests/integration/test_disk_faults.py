@@ -10,7 +10,6 @@ and one ERROR line say why; a restart on a repaired disk serves every acknowledg
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +25,16 @@ from tests.integration.conftest import (
     StartNameServer,
     free_port,
 )
-from tests.integration.failover import LEASE_MS, Group, History, Producers, check_history
+from tests.integration.failover import (
+    LEASE_MS,
+    Group,
+    History,
+    Producers,
+    check_history,
+    group_fixture,  # noqa: F401 - the group fixture
+)
 from tests.integration.replicas import pull_queue, send
 from tests.integration.test_broker_operations import sample, scrape
-from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq import health
 from tidemq.protos import broker_pb2, common_pb2
@@ -124,13 +129,6 @@ def test_a_master_whose_disk_fails_a_flush_answers_retriably_steps_aside_and_rec
     assert send(b, b"after the repair").status == broker_pb2.SEND_OK
     wait_until(lambda: b.address in write_masters(nameserver, "orders"), 20, "the route again")
     assert health.check(b.address) == "SERVING"
-
-
-@pytest.fixture
-def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
-    g = Group(start_broker, zookeeper, zk_root)
-    yield g
-    g.thaw_all()
 
 
 FAILOVER_BOUND_S = LEASE_MS / 1000 + 2.0  # the goal: the failover lease plus 2 s

@@ -9,18 +9,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import tidemq
-from tests.integration.conftest import NameServerProcess, StartBroker, StartNameServer
+from tests.integration.conftest import NameServerProcess, StartNameServer
 from tests.integration.failover import (
     SESSION_MS,
     Group,
     History,
     Producers,
     check_history,
+    group_fixture,  # noqa: F401 - the group fixture
 )
 from tests.integration.replicas import max_offset, pull_queue
 from tests.integration.zookeeper import ZooKeeperServer
@@ -29,13 +29,6 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.integration
 
 QUEUES = 4
-
-
-@pytest.fixture
-def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
-    g = Group(start_broker, zookeeper, zk_root)
-    yield g
-    g.thaw_all()  # a frozen broker cannot obey the SIGTERM that stops it
 
 
 def three_brokers(

@@ -26,7 +26,6 @@ from tests.integration.conftest import (
 )
 from tests.integration.failover import SESSION_MS, Group, consume_everything
 from tests.integration.receiving import scrape
-from tests.integration.replicas import topic_names
 from tests.integration.zookeeper import StartZooKeeper, ZooKeeperServer
 from tests.waiting import wait_until
 from tests.workers import Worker, finish_all
@@ -105,32 +104,17 @@ def group(start_broker: StartBroker, zk: ZooKeeperServer) -> Iterator[Group]:
     g.thaw_all()
 
 
-def routed(
-    group: Group, start_nameserver: StartNameServer, metrics: dict[int, str]
-) -> NameServerProcess:
-    """``Group.routed`` with each broker's own metrics address."""
-    ns = start_nameserver("--zk", group.zk.hosts, "--zk-root", group.root)
-    for i, address in metrics.items():
-        group.start(i, "--metrics-listen", address)
-    group.master()
-    with tidemq.Admin(ns.address) as admin:
-        wait_until(lambda: bool(admin.masters()), 20, "the master in the routes")
-        admin.create_topic(TOPIC, queues=QUEUES)
-    group.wait_isr({1, 2, 3})
-    wait_until(
-        lambda: all(TOPIC in topic_names(b) for b in group.brokers.values()),
-        20,
-        f"every broker to know {TOPIC}",
-    )
-    return ns
-
-
 @pytest.mark.timeout(180)
 def test_idempotent_producers_store_each_message_once_through_kills_and_freezes(
     group: Group, start_nameserver: StartNameServer
 ) -> None:
     metrics = {i: f"127.0.0.1:{free_port()}" for i in (1, 2, 3)}
-    ns = routed(group, start_nameserver, metrics)
+    ns = group.routed(
+        start_nameserver,
+        TOPIC,
+        QUEUES,
+        own_flags={i: ("--metrics-listen", address) for i, address in metrics.items()},
+    )
     started = time.monotonic()
     with IdempotentLoad(ns) as load:
         load.wait_acknowledged(200)

@@ -11,12 +11,10 @@ back after its invisible time with its attempt counted, and each message group's
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.integration.conftest import StartBroker, StartNameServer
-from tests.integration.failover import Group
+from tests.integration.conftest import StartNameServer
+from tests.integration.failover import Group, group_fixture  # noqa: F401 - the group fixture
 from tests.integration.receive_checks import (
     SLACK_MS,
     assert_clean,
@@ -29,17 +27,9 @@ from tests.integration.receive_checks import (
 )
 from tests.integration.receive_cluster import configure_group
 from tests.integration.receive_load import QUEUES, TOPIC, knows_fifo, receive_through_failover
-from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
-    g = Group(start_broker, zookeeper, zk_root)
-    yield g
-    g.thaw_all()
 
 
 def test_failover_under_receive_load_loses_no_message_and_delivers_no_acked_one_again(

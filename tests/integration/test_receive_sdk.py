@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 
 import pytest
 
 import tidemq
-from tests.integration.conftest import StartBroker, StartNameServer
-from tests.integration.failover import Group
+from tests.integration.conftest import StartNameServer
+from tests.integration.failover import Group, group_fixture  # noqa: F401 - the group fixture
 from tests.integration.receive_sdk_helpers import (  # noqa: F401 - the cluster fixture
     FAST,
     _acked,
@@ -22,7 +21,6 @@ from tests.integration.receive_sdk_helpers import (  # noqa: F401 - the cluster 
     cluster_fixture,
 )
 from tests.integration.test_sdk import Cluster, broker_flags
-from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq.errors import (
     ConsumeDisabled,
@@ -199,13 +197,6 @@ def test_a_group_that_consumes_by_offsets_refuses_a_simple_consumer(cluster: Clu
     with pytest.raises(ConsumeModelMismatch) as e:
         tidemq.SimpleConsumer("g-offsets", "mixed", nameserver=cluster.address)
     assert not e.value.retriable
-
-
-@pytest.fixture
-def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
-    g = Group(start_broker, zookeeper, zk_root)
-    yield g
-    g.thaw_all()
 
 
 def test_an_ack_after_the_master_is_killed_goes_to_the_new_master(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,10 +18,9 @@ from tests.integration.conftest import (
     StartBroker,
     StartNameServer,
 )
-from tests.integration.failover import Group
+from tests.integration.failover import Group, group_fixture  # noqa: F401 - the group fixture
 from tests.integration.receive_cluster import create_topic, port_of, routed_broker
 from tests.integration.transaction_helpers import bodies_in
-from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 from tidemq import TransactionChecker, TransactionResolution
 from tidemq.errors import TransactionAlreadyResolved
@@ -138,13 +136,6 @@ def test_a_commit_torn_from_its_outcome_record_is_not_committed_again(
     assert bodies_in(nameserver.address, TOPIC) == {b"keep-torn": 1}
     assert not checker.asked
     assert "its op record was lost" in broker.log()
-
-
-@pytest.fixture
-def group(start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str) -> Iterator[Group]:
-    g = Group(start_broker, zookeeper, zk_root)
-    yield g
-    g.thaw_all()
 
 
 def test_transactions_open_at_a_failover_are_ended_on_the_new_master_exactly_once(

@@ -22,7 +22,7 @@ from tidemq.consumer.receive_config import (
 )
 from tidemq.consumer.renewal import Hold, Renewal, check_interval_ms, decide
 from tidemq.producer.pending import Pending
-from tidemq.producer.sender import _add_to_request
+from tidemq.producer.sender import add_to_request
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.types import ConsumeResult, Message, ReceivedMessage
 
@@ -127,8 +127,8 @@ def test_a_message_group_travels_as_the_sharding_key_property() -> None:
         plain = Pending("t", b"y", "", (), None, loop.create_future(), 0.0, None)
     finally:
         loop.close()
-    _add_to_request(request, p)
-    _add_to_request(request, plain)
+    add_to_request(request, p)
+    add_to_request(request, plain)
     with_group, without = request.messages
     assert dict(with_group.properties) == {"a": "1", "__SHARDINGKEY": "customer-42"}
     assert dict(without.properties) == {}

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidemq._runtime import LoopThread
-from tidemq.errors import BrokerUnavailableError, InvalidArgumentError, RouteNotFoundError
+from tidemq.admin.masters import AcrossMasters, check_limit
+from tidemq.errors import BrokerUnavailableError, InvalidArgumentError
 from tidemq.producer.recall import broker_of
 from tidemq.protos import broker_pb2
 
@@ -60,41 +61,22 @@ class DelayedMessages:
     total: int
 
 
-def check_limit(limit: int) -> None:
-    if limit <= 0:
-        raise InvalidArgumentError("limit must be > 0", code="INVALID_ARGUMENT")
-
-
-class AsyncDelayed:
+class AsyncDelayed(AcrossMasters):
     """Mixed into ``AsyncAdmin``, which provides ``_call`` and ``masters``."""
-
-    if TYPE_CHECKING:
-
-        async def _call(
-            self, address: str, method: str, request: Any, timeout_s: float = ...
-        ) -> Any: ...
-
-        async def masters(self, cluster: str | None = None) -> dict[str, str]: ...
-
-    async def _all_masters(self) -> dict[str, str]:
-        masters = await self.masters()
-        if not masters:
-            raise RouteNotFoundError("no master broker in any cluster", code="ROUTE_NOT_FOUND")
-        return masters
 
     async def list_delayed(self, topic: str | None = None, *, limit: int = 100) -> DelayedMessages:
         """Pending delayed messages of ``topic`` (default: every topic) on every master, soonest
         first; ``total`` counts them all, ``messages`` holds at most ``limit``."""
         check_limit(limit)
         request = broker_pb2.ListDelayedMessagesRequest(topic=topic or "", limit=limit)
-        found: list[DelayedMessage] = []
-        total = 0
-        for name, address in sorted((await self._all_masters()).items()):
-            resp = await self._call(address, "ListDelayedMessages", request)
-            total += resp.total
-            found += [DelayedMessage.from_proto(m, name) for m in resp.messages]
-        found.sort(key=lambda m: (m.deliver_at_ms, m.broker, m.msg_id))
-        return DelayedMessages(found[:limit], total)
+        found, total = await self._list_on_masters(
+            "ListDelayedMessages",
+            request,
+            lambda resp, name: [DelayedMessage.from_proto(m, name) for m in resp.messages],
+            lambda m: (m.deliver_at_ms, m.broker, m.msg_id),
+            limit,
+        )
+        return DelayedMessages(found, total)
 
     async def recall(self, topic: str, recall_handle: str) -> str:
         """Cancels a pending delayed message of ``topic`` by the handle its send returned (RocketMQ

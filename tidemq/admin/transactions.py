@@ -9,8 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from tidemq._runtime import LoopThread
-from tidemq.admin.delayed import check_limit
-from tidemq.errors import RouteNotFoundError
+from tidemq.admin.masters import AcrossMasters, check_limit
 from tidemq.protos import broker_pb2
 
 
@@ -54,16 +53,8 @@ class OpenTransactions:
     total: int
 
 
-class AsyncTransactions:
+class AsyncTransactions(AcrossMasters):
     """Mixed into ``AsyncAdmin``, which provides ``_call`` and ``masters``."""
-
-    if TYPE_CHECKING:
-
-        async def _call(
-            self, address: str, method: str, request: Any, timeout_s: float = ...
-        ) -> Any: ...
-
-        async def masters(self, cluster: str | None = None) -> dict[str, str]: ...
 
     async def list_transactions(
         self, producer_group: str | None = None, *, limit: int = 100
@@ -71,20 +62,17 @@ class AsyncTransactions:
         """Open transactions of ``producer_group`` (default: every group) on every master,
         oldest first; ``total`` counts them all, ``transactions`` holds at most ``limit``."""
         check_limit(limit)
-        masters = await self.masters()
-        if not masters:
-            raise RouteNotFoundError("no master broker in any cluster", code="ROUTE_NOT_FOUND")
         request = broker_pb2.ListTransactionsRequest(
             producer_group=producer_group or "", limit=limit
         )
-        found: list[OpenTransaction] = []
-        total = 0
-        for name, address in sorted(masters.items()):
-            resp = await self._call(address, "ListTransactions", request)
-            total += resp.total
-            found += [OpenTransaction.from_proto(t, name) for t in resp.transactions]
-        found.sort(key=lambda t: (t.stored_at_ms, t.broker, t.transaction_id))
-        return OpenTransactions(found[:limit], total)
+        found, total = await self._list_on_masters(
+            "ListTransactions",
+            request,
+            lambda resp, name: [OpenTransaction.from_proto(t, name) for t in resp.transactions],
+            lambda t: (t.stored_at_ms, t.broker, t.transaction_id),
+            limit,
+        )
+        return OpenTransactions(found, total)
 
 
 class Transactions:

@@ -9,42 +9,38 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from tidemq.admin import Admin
-from tidemq.cli.common import add_nameserver, print_json
-from tidemq.cli.tables import print_table
+from tidemq.cli.common import add_nameserver
+from tidemq.cli.listings import add_listing_options, check_limit, print_listing
 from tidemq.cli.times import format_time_ms
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    if args.limit <= 0:
-        raise ValueError("--limit must be > 0")
+    check_limit(args.limit)
     with Admin(args.nameserver) as admin:
         listing = admin.list_delayed(args.topic, limit=args.limit)
-    if args.json:
-        print_json({"total": listing.total, "messages": [m.as_dict() for m in listing.messages]})
-        return 0
-    what = f"delayed message(s) of {args.topic}" if args.topic else "delayed message(s)"
-    if not listing.messages:
-        print(f"no pending {what}")
-        return 0
-    print_table(
-        ("DELIVER_AT", "TOPIC", "BROKER", "QUEUE", "MSG_ID", "TAG", "RECALL_HANDLE"),
-        [
-            (
-                format_time_ms(m.deliver_at_ms),
-                m.topic,
-                m.broker,
-                m.queue_id,
-                m.msg_id,
-                m.tag,
-                m.recall_handle,
-            )
-            for m in listing.messages
-        ],
+    print_listing(
+        listing.messages,
+        listing.total,
+        what=(
+            f"pending delayed message(s) of {args.topic}"
+            if args.topic
+            else "pending delayed message(s)"
+        ),
+        json_key="messages",
+        headers=("DELIVER_AT", "TOPIC", "BROKER", "QUEUE", "MSG_ID", "TAG", "RECALL_HANDLE"),
+        row=lambda m: (
+            format_time_ms(m.deliver_at_ms),
+            m.topic,
+            m.broker,
+            m.queue_id,
+            m.msg_id,
+            m.tag,
+            m.recall_handle,
+        ),
+        as_json=args.json,
     )
-    print(f"{len(listing.messages)} of {listing.total} pending {what}", file=sys.stderr)
     return 0
 
 
@@ -63,8 +59,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     dsub = d.add_subparsers(dest="delayed_command", required=True)
     ls = dsub.add_parser("list", help="pending delayed messages, soonest first")
     ls.add_argument("--topic", help="only this topic's (default: every topic)")
-    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    ls.add_argument("--json", action="store_true", help="one JSON object: total and messages")
+    add_listing_options(ls, "one JSON object: total and messages")
     ls.set_defaults(func=cmd_list)
     cancel = dsub.add_parser(
         "cancel", help="recall a pending delayed message: it is never delivered"

@@ -14,6 +14,7 @@ from typing import Any
 
 from tidemq.admin import Admin
 from tidemq.cli.common import add_nameserver, print_json
+from tidemq.cli.listings import add_listing_options, check_limit
 from tidemq.cli.tables import print_table
 from tidemq.errors import TidemqError
 from tidemq.types import ReceivedMessage, SendResult
@@ -39,8 +40,7 @@ def dead_letter_json(m: ReceivedMessage) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    if args.limit <= 0:
-        raise ValueError("--limit must be > 0")
+    check_limit(args.limit)
     with Admin(args.nameserver) as admin:
         messages = [dead_letter_json(m) for m in admin.dead_letters(args.group, limit=args.limit)]
     if args.json:
@@ -115,8 +115,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     dsub = d.add_subparsers(dest="dlq_command", required=True)
     ls = dsub.add_parser("list", help="messages in %%DLQ%%<group>, oldest first")
     ls.add_argument("group", help="consumer group")
-    ls.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
-    ls.add_argument("--json", action="store_true", help="one JSON object per message")
+    add_listing_options(ls, "one JSON object per message")
     ls.set_defaults(func=cmd_list)
     rs = dsub.add_parser("resend", help="send dead-lettered messages back to their topic")
     rs.add_argument("group", help="consumer group")

@@ -22,9 +22,10 @@ How a send travels (``producer`` -> ``accumulator`` -> ``sender``):
   API's ``SendFuture`` wakes its waiters once per response, not once per message.
 """
 
+from tidemq.producer.blocking import Producer
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.futures import SendFuture
-from tidemq.producer.producer import AsyncProducer, Producer
+from tidemq.producer.producer import AsyncProducer
 from tidemq.producer.transactions import (
     AsyncTransaction,
     AsyncTransactionChecker,

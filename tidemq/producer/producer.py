@@ -1,5 +1,5 @@
-"""The producer's API: ``AsyncProducer`` (asyncio) and ``Producer`` (blocking, runs an
-AsyncProducer on a background loop).
+"""The producer's asyncio API, ``AsyncProducer`` (the blocking ``Producer`` that runs one on a
+background loop is in ``blocking``).
 
 A send is checked, counted as unanswered, given a queue (``routing.QueueSelector``; a topic not
 routed yet waits for its route) and handed to the accumulator, which batches it for the sender.
@@ -11,25 +11,24 @@ import asyncio
 import datetime as dt
 import logging
 import random
-import threading
 import time
 from collections import deque
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq._runtime import Channels, nameserver_addresses
 from tidemq.errors import ClientClosedError, InvalidArgumentError, TidemqError
 from tidemq.producer.accumulator import Accumulator
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.delivery import delivery
-from tidemq.producer.futures import Hub, SendFuture, Unanswered
+from tidemq.producer.futures import SendFuture, Unanswered
 from tidemq.producer.idempotence import ProducerIdentity
 from tidemq.producer.pending import Pending
 from tidemq.producer.recall import recall_message
 from tidemq.producer.routing import QueueSelector
 from tidemq.producer.sender import FAILOVER_POLL_S, Sender
 from tidemq.producer.transaction_sends import TransactionalSends
-from tidemq.producer.transactions import AsyncTransaction, Transaction
+from tidemq.producer.transactions import AsyncTransaction
 from tidemq.routes import NameServerClient, RouteCache, TopicRoute
 from tidemq.types import Message, SendResult, message_group_of
 
@@ -172,11 +171,20 @@ class AsyncProducer:
         seconds) or ``delay_level`` (1..18, RocketMQ 4's levels): the message becomes visible
         then, not now (``delivery``); its result carries ``recall_handle``."""
         self._check_open()
-        group = _message_group(message_group, sharding_key)
-        when = delivery(deliver_at, delay, delay_level)
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
-        pending = self.pending(topic, body, tag, keys, properties, future, group)
-        pending.delivery = when
+        pending = self.pending(
+            topic,
+            body,
+            tag,
+            keys,
+            properties,
+            future,
+            sharding_key,
+            message_group=message_group,
+            deliver_at=deliver_at,
+            delay=delay,
+            delay_level=delay_level,
+        )
         self._unanswered.expect(1)
         self._accept(pending)
         return await future
@@ -261,9 +269,16 @@ class AsyncProducer:
         properties: Mapping[str, str] | None,
         future: asyncio.Future[SendResult] | SendFuture,
         sharding_key: str | None,
+        *,
+        message_group: str | None = None,
+        deliver_at: dt.datetime | int | None = None,
+        delay: dt.timedelta | float | None = None,
+        delay_level: int | None = None,
     ) -> Pending:
         """A message checked and ready to queue (raises InvalidArgumentError when it is not)."""
-        return Pending(
+        group = _message_group(message_group, sharding_key)
+        when = delivery(deliver_at, delay, delay_level)
+        pending = Pending(
             _check_topic(topic),
             _to_bytes(body),
             tag or "",
@@ -271,8 +286,10 @@ class AsyncProducer:
             properties,
             future,
             time.monotonic() + self.config.send_timeout_ms / 1000,
-            sharding_key,
+            group,
         )
+        pending.delivery = when
+        return pending
 
     def _check_open(self) -> None:
         if self._closed:
@@ -340,113 +357,3 @@ class AsyncProducer:
         if self.identity is not None:
             self.identity.assign(p)
         self._accumulator.append(p, queue.broker_name)
-
-
-class Producer:
-    """The blocking producer. ``send`` waits for the broker's answer; ``send_async`` returns a
-    ``concurrent.futures.Future`` at once, so a loop of ``send_async`` calls is batched into
-    few RPCs. Thread-safe. Use as a context manager, or call ``close()``::
-
-        with tidemq.Producer(nameserver="127.0.0.1:9876") as producer:
-            result = producer.send("orders", b'{"id": 1}', tag="created", keys=["order-1"])
-    """
-
-    def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
-        self._core = AsyncProducer(nameserver, **settings)
-        self.config = self._core.config
-        self._hub = Hub()
-        self._submitted = 0
-        self._submit_lock = threading.Lock()
-        self._runner = LoopThread("tidemq-producer")
-        try:
-            self._runner.run(self._core.start())
-        except BaseException:
-            self._runner.stop()
-            raise
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def send(
-        self,
-        topic: str,
-        body: bytes | str,
-        *,
-        tag: str | None = None,
-        keys: Sequence[str] | str = (),
-        properties: Mapping[str, str] | None = None,
-        sharding_key: str | None = None,
-        message_group: str | None = None,
-        deliver_at: dt.datetime | int | None = None,
-        delay: dt.timedelta | float | None = None,
-        delay_level: int | None = None,
-    ) -> SendResult:
-        return self.send_async(
-            topic,
-            body,
-            tag=tag,
-            keys=keys,
-            properties=properties,
-            sharding_key=sharding_key,
-            message_group=message_group,
-            deliver_at=deliver_at,
-            delay=delay,
-            delay_level=delay_level,
-        ).result()
-
-    def send_async(
-        self,
-        topic: str,
-        body: bytes | str,
-        *,
-        tag: str | None = None,
-        keys: Sequence[str] | str = (),
-        properties: Mapping[str, str] | None = None,
-        sharding_key: str | None = None,
-        message_group: str | None = None,
-        deliver_at: dt.datetime | int | None = None,
-        delay: dt.timedelta | float | None = None,
-        delay_level: int | None = None,
-    ) -> SendFuture:
-        future = SendFuture(self._hub)
-        group = _message_group(message_group, sharding_key)
-        when = delivery(deliver_at, delay, delay_level)
-        pending = self._core.pending(topic, body, tag, keys, properties, future, group)
-        pending.delivery = when
-        limit = self.config.buffer_max_messages
-        hub = self._hub
-        with self._submit_lock:
-            if self._submitted - hub.completed >= limit:
-                # Memory bound: wait until the broker has answered enough of what is queued.
-                hub.wait_for(lambda: self._submitted - hub.completed < limit, None)
-            self._submitted += 1
-        try:
-            self._core.submit_threadsafe(pending)
-        except ClientClosedError as e:
-            future.set_exception(e)
-        return future
-
-    def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
-        return self._runner.run(self._core.send_batch(list(messages)))
-
-    def begin_transaction(self) -> Transaction:
-        """A transaction: its sends are invisible until it commits (``transactions``)."""
-        self._core._check_open()
-        return Transaction(self._core._transactions, self._runner)
-
-    def flush(self) -> None:
-        self._runner.run(self._core.flush())
-
-    def recall(self, topic: str, recall_handle: str) -> str:
-        """``AsyncProducer.recall``."""
-        return self._runner.run(self._core.recall(topic, recall_handle))
-
-    @property
-    def stats(self) -> ProducerStats:
-        return self._core.stats
-
-    def close(self) -> None:
-        self._runner.finish(self._core.close)

@@ -42,7 +42,8 @@ class _Retriable(Exception):
         self.keep_trying = bool(left) and all(p.sequence >= 0 for p in left)
 
 
-def _add_to_request(request: Any, p: Pending) -> None:
+def add_to_request(request: Any, p: Pending) -> None:
+    """``p`` as one message of a SendMessage request, on its queue."""
     m = request.messages.add(
         topic=p.topic,
         body=p.body,
@@ -231,7 +232,7 @@ class Sender:
             request.producer_id = self.identity.producer_id
             request.producer_epoch = group[0].producer_epoch
         for p in group:
-            _add_to_request(request, p)
+            add_to_request(request, p)
         started = time.monotonic()
         self.stats.requests += 1
         self.stats.messages += len(group)

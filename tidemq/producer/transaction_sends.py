@@ -28,13 +28,14 @@ from tidemq.errors import (
     is_retriable,
 )
 from tidemq.producer.pending import Pending
+from tidemq.producer.sender import add_to_request
 from tidemq.producer.transactions import (
     AsyncTransactionChecker,
     TransactionChecker,
     TransactionResolution,
 )
 from tidemq.protos import broker_pb2, broker_pb2_grpc
-from tidemq.types import MESSAGE_GROUP_PROPERTY, ReceivedMessage, SendResult, send_status
+from tidemq.types import ReceivedMessage, SendResult, send_status
 
 if TYPE_CHECKING:
     from tidemq.producer.producer import AsyncProducer
@@ -87,18 +88,8 @@ class TransactionalSends:
                 request = broker_pb2.SendMessageRequest(
                     producer_group=self.config.group, epoch=group.epoch, transactional=True
                 )
-                m = request.messages.add(
-                    topic=p.topic,
-                    body=p.body,
-                    queue_id=queue.queue_id,
-                    born_timestamp_ms=p.born_ms,
-                    tag=p.tag,
-                )
-                m.keys.extend(p.keys)
-                if p.properties:
-                    m.properties.update(p.properties)
-                if p.sharding_key is not None:
-                    m.properties[MESSAGE_GROUP_PROPERTY] = p.sharding_key
+                p.queue = queue
+                add_to_request(request, p)
                 try:
                     resp = await self._stub(address).SendMessage(request, timeout=self._left(p))
                 except grpc.aio.AioRpcError as e:
