@@ -1,8 +1,9 @@
 """Delayed delivery across a SIGKILL of the master (restarted on the same store) and across
 an automatic failover: 10,000 messages with random delays of 0-20 s, the fault when a fifth
-of them is due. None is lost, none is visible before its time; those due while a master served arrive
-within a second (p99); those due while none did arrive within a second of one serving again
-(the new master delivers its predecessor's timers: they are in its replicated log)."""
+of them is due. None is lost, none is visible before its time; those due while a master
+served arrive within a second (p99); those due while none did arrive within a second of one
+serving again (the new master delivers its predecessor's timers: they are in its replicated
+log)."""
 
 from __future__ import annotations
 
