@@ -28,11 +28,10 @@ from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.admission_grpc import stepped_aside
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import parse_tag_expression
-from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.groups import RECEIVE, GroupSettings, SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.offsets import OffsetManager
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.receive.answer import ReceiveAnswer
 from tidemq.services.broker.receive.dead_letter import (
     dlq_topic,
@@ -165,14 +164,7 @@ class ReceiveService:
         What that costs is the documented window: such an ack can be lost by a failover, and
         its message is delivered again (at least once, never lost). Counted per outcome.
         """
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            await wait_dispatched(put)
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise self.checks.not_acknowledging()
+        status = await wait_answerable(put, self.replication, self.checks)
         if status is not PutStatus.PUT_OK and what:
             log.warning("a %s was answered short of its durability: %s", what, status.name)
             self.counters.short_durability(status.name)

@@ -26,10 +26,9 @@ import grpc
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
-from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.timer.events import Fired, Recalled
 from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
 from tidemq.services.broker.timer.progress import fired_mark
@@ -253,14 +252,7 @@ class TimerService:
             ) from None
 
     async def _durable(self, put: PutResult, what: str) -> None:
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            await wait_dispatched(put)
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise self.checks.not_acknowledging()
+        status = await wait_answerable(put, self.replication, self.checks)
         if status is not PutStatus.PUT_OK:
             log.warning("%s short of durability: %s", what, status.name)
 

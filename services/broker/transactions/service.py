@@ -21,9 +21,8 @@ from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import to_proto
-from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.transactions.events import Checked, Resolution, Resolved
 from tidemq.services.broker.transactions.halves import (
     real_topic,
@@ -116,14 +115,7 @@ class TransactionService:
             ) from None
 
     async def _durable(self, put: PutResult) -> None:
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            await wait_dispatched(put)
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise self.checks.not_acknowledging()
+        status = await wait_answerable(put, self.replication, self.checks)
         if status is not PutStatus.PUT_OK:
             log.warning("a transaction's end was answered short of its durability: %s", status)
 
