@@ -22,12 +22,11 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-import grpc
-
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
+from tidemq.services.broker.leading import Leadership
 from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.timer.events import Fired, Recalled
 from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
@@ -114,8 +113,7 @@ class TimerService:
         self.role = checks.role
         self.replication = replication
         self.counters: TimerCounters = counters or _Uncounted()
-        self._led_epoch: int | None = None
-        self._lead_lock = asyncio.Lock()
+        self.leadership = Leadership(checks, "recall or list delayed messages", self._prepare)
         # Timers stored while the wheel is not this epoch's: (due, seq, timer_id).
         self._held: list[tuple[int, int, int]] = []
         # The send path's half (``handlers/send.py``).
@@ -131,7 +129,7 @@ class TimerService:
         """The timer records of a put (in the step of the put): into the wheel."""
         for d in delayed:
             r = put.results[d.index]
-            if self._led_epoch == self.role.epoch:
+            if self.leadership.prepared:
                 self.wheel.add(d.deliver_at_ms, r.queue_offset, r.phy_offset)
             else:
                 self._held.append((d.deliver_at_ms, r.queue_offset, r.phy_offset))
@@ -140,19 +138,11 @@ class TimerService:
     async def lead(self) -> None:
         """Refuse unless master and acknowledging; the first time in an epoch, apply the whole
         timer log and rebuild the wheel."""
-        checks = self.checks
-        checks.ensure_running()
-        checks.ensure_master("recall or list delayed messages")
-        await checks.ensure_acknowledging(0)
-        if self._led_epoch == self.role.epoch:
-            return
-        async with self._lead_lock:
-            if self._led_epoch == self.role.epoch:
-                return
-            epoch = self.role.epoch
-            await self.journal.catch_up_fully()
-            await self._rebuild_wheel()
-            self._led_epoch = epoch
+        await self.leadership.lead()
+
+    async def _prepare(self) -> None:
+        await self.journal.catch_up_fully()
+        await self._rebuild_wheel()
 
     async def _rebuild_wheel(self) -> None:
         """From the queue as dispatched when it starts, a chunk per loop step (a million
@@ -243,13 +233,8 @@ class TimerService:
         try:
             self.journal.applied_put(put, event, body)
         except TimerLogBehindError as e:
-            self._led_epoch = None  # the next call catches up and rebuilds first
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE,
-                common_pb2.NOT_MASTER,
-                f"timer state is catching up with its log ({e}); retry",
-                retriable=True,
-            ) from None
+            # The next call catches up and rebuilds first.
+            raise self.leadership.behind("timer state is catching up with its log", e) from None
 
     async def _durable(self, put: PutResult, what: str) -> None:
         status = await wait_answerable(put, self.replication, self.checks)
