@@ -28,6 +28,7 @@ from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
 from tidemq.services.broker.leading import Leadership
 from tidemq.services.broker.put_waits import wait_answerable
+from tidemq.services.broker.relocate import relocated
 from tidemq.services.broker.timer.events import Fired, Recalled
 from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
 from tidemq.services.broker.timer.progress import fired_mark
@@ -80,17 +81,7 @@ def real_message(rec: StoredMessage) -> Message:
     """The message a timer record stands for, as its producer sent it; ``TIMER_DELIVER_MS``
     stays, a plain property consumers may read."""
     props = {k: v for k, v in rec.properties.items() if k not in _NOT_COPIED}
-    return Message(
-        topic=rec.properties[REAL_TOPIC],
-        body=rec.body,
-        queue_id=int(rec.properties[REAL_QID]),
-        tags=rec.tags,
-        keys=tuple(rec.keys),
-        properties=props,
-        flag=rec.flag,
-        born_timestamp_ms=rec.born_timestamp_ms,
-        born_host=rec.born_host,
-    )
+    return relocated(rec, rec.properties[REAL_TOPIC], int(rec.properties[REAL_QID]), props)
 
 
 class TimerService:
