@@ -16,6 +16,7 @@ import logging
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
 
 from tidemq.storage import MessageStore, StoredMessage
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 # Records applied per step of a catch-up on the event loop, between yields to other calls.
 CATCH_UP_CHUNK = 512
 _READ_BYTES = 8 << 20
+
+E = TypeVar("E")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +41,12 @@ class LogMark:
     last_crc: int = 0
 
 
-class FollowedLog(ABC):
-    """The log's position and how it is followed; the state and its rebuild are the
-    subclass's."""
+class FollowedLog(ABC, Generic[E]):
+    """The log's position and how it is followed; the state, its events and its rebuild are
+    the subclass's."""
+
+    # What ``_decode`` raises for a record it cannot decode.
+    format_error: ClassVar[type[ValueError]]
 
     def __init__(self, store: MessageStore, topic: str, queue_id: int, what: str) -> None:
         self.store = store
@@ -57,8 +63,29 @@ class FollowedLog(ABC):
         """Rebuild the state from the log as it is now (blocking)."""
 
     @abstractmethod
+    def _decode(self, body: bytes) -> E:
+        """One record's event; raises ``format_error``."""
+
+    @abstractmethod
+    def _apply(self, event: E, phy_offset: int) -> None:
+        """Apply the event of the record at ``phy_offset``."""
+
+    def open(self) -> None:
+        """Rebuild the state from the log as stored (blocking: the store is open, nothing
+        serves yet)."""
+        self.store.wait_dispatched(self.store.log.max_offset, 60)
+        self._rebuild("start-up")
+
     def _apply_body(self, body: bytes, phy_offset: int) -> None:
-        """Decode and apply one record's event (a record it cannot decode is logged, skipped)."""
+        try:
+            event = self._decode(body)
+        except self.format_error as e:
+            # Written by a newer broker, or damaged: skipping it keeps the rest in order.
+            log.error(  # noqa: TRY400 - the reason is the message; no traceback helps
+                "%s record at %d skipped: %s", self.what, phy_offset, e
+            )
+        else:
+            self._apply(event, phy_offset)
 
     # ------------------------------------------------------------------ the master
     def in_order(self, queue_offset: int) -> bool:

@@ -47,9 +47,11 @@ class JournalBehindError(Exception):
     """An append found records of the log this broker has not applied before its own."""
 
 
-class ReceiveJournal(FollowedLog):
+class ReceiveJournal(FollowedLog[Event]):
     """Following the log, the master's check of its own records and the cut-back test are
     ``FollowedLog``'s; the receive states, their snapshots and the rebuild are here."""
+
+    format_error = EventFormatError
 
     def __init__(self, store: MessageStore, store_dir: str) -> None:
         super().__init__(store, RECEIVE_LOG_TOPIC, LOG_QUEUE, "receive log")
@@ -61,13 +63,8 @@ class ReceiveJournal(FollowedLog):
         self.on_applied: Callable[[Event], None] | None = None
 
     # ------------------------------------------------------------------ start-up
-    def open(self) -> None:
-        """Load the newest usable snapshot and replay the log after it (blocking: the store is
-        open, nothing serves yet)."""
-        self.store.wait_dispatched(self.store.log.max_offset, 60)
-        self._rebuild("start-up")
-
     def _rebuild(self, why: str) -> None:
+        """From the newest usable snapshot and the log after it, else from the log alone."""
         lo = self.store.min_offset(RECEIVE_LOG_TOPIC, LOG_QUEUE)
         for position in reversed(self.snapshots.positions()):
             try:
@@ -114,16 +111,8 @@ class ReceiveJournal(FollowedLog):
         return r.phy_offset, put
 
     # ------------------------------------------------------------------ applying
-    def _apply_body(self, body: bytes, phy_offset: int) -> None:
-        try:
-            event = decode_event(body)
-        except EventFormatError as e:
-            # Written by a newer broker, or damaged: skipping it keeps the rest in order.
-            log.error(  # noqa: TRY400 - the reason is the message; no traceback helps
-                "receive log record at %d skipped: %s", phy_offset, e
-            )
-        else:
-            self._apply(event, phy_offset)
+    def _decode(self, body: bytes) -> Event:
+        return decode_event(body)
 
     def _apply(self, event: Event, lease_id: int) -> None:
         self.states.apply(event, lease_id)

@@ -37,7 +37,9 @@ class TimerLogBehindError(Exception):
     """An append found records of the timer log this broker has not applied before its own."""
 
 
-class TimerJournal(FollowedLog):
+class TimerJournal(FollowedLog[TimerEvent]):
+    format_error = TimerEventFormatError
+
     def __init__(self, store: MessageStore) -> None:
         super().__init__(store, TIMER_LOG_TOPIC, LOG_QUEUE, "timer log")
         self.progress = TimerProgress()
@@ -46,11 +48,6 @@ class TimerJournal(FollowedLog):
         return Message(topic=TIMER_LOG_TOPIC, queue_id=LOG_QUEUE, body=encode_timer_event(event))
 
     # ------------------------------------------------------------------ start-up
-    def open(self) -> None:
-        """Replay the log (blocking: the store is open, nothing serves yet)."""
-        self.store.wait_dispatched(self.store.log.max_offset, 60)
-        self._rebuild("start-up")
-
     def _rebuild(self, why: str) -> None:
         self.progress = TimerProgress()
         self.mark = LogMark(self.store.min_offset(TIMER_LOG_TOPIC, LOG_QUEUE))
@@ -72,21 +69,14 @@ class TimerJournal(FollowedLog):
             raise TimerLogBehindError(
                 f"timer log record at {r.queue_offset}, progress at {self.mark.next_offset}"
             )
-        self._apply(event)
+        self._apply(event, r.phy_offset)
         self.applied(r.queue_offset, r.phy_offset, body)
 
     # ------------------------------------------------------------------ applying
-    def _apply_body(self, body: bytes, phy_offset: int) -> None:
-        try:
-            event = decode_timer_event(body)
-        except TimerEventFormatError as e:
-            log.error(  # noqa: TRY400 - the reason is the message
-                "timer log record at %d skipped: %s", phy_offset, e
-            )
-        else:
-            self._apply(event)
+    def _decode(self, body: bytes) -> TimerEvent:
+        return decode_timer_event(body)
 
-    def _apply(self, event: TimerEvent) -> None:
+    def _apply(self, event: TimerEvent, phy_offset: int) -> None:
         self.progress.apply(event)
 
     # ------------------------------------------------------------------ retention
