@@ -1,10 +1,11 @@
 """What every broker-written event log shares (the receive log, the timer log): one queue of a
 ``%SYS%`` topic whose records are events, and a state that is what applying them in order gives.
 
-The master appends a record and applies its event in the same step of the event loop (the
-subclass's ``append``, checked with ``in_order``); slaves apply replicated records as dispatch
-publishes them (``listen`` + ``follow``); a broker promoted to master applies everything its log
-holds before it decides anything (``catch_up_fully``). A log cut back under the state (a slave's
+The master appends a record and applies its event in the same step of the event loop
+(``applied_put``: refused with ``LogBehindError`` when records before it are not applied yet);
+slaves apply replicated records as dispatch publishes them (``listen`` + ``follow``); a broker
+promoted to master applies everything its log holds before it decides anything
+(``catch_up_fully``). A log cut back under the state (a slave's
 diverged tail truncated, a tail lost to a power cut before its flush) is noticed — the record
 the state ends with is gone or different — and the subclass rebuilds the state (``_rebuild``).
 """
@@ -18,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Generic, TypeVar
 
-from tidemq.storage import MessageStore, StoredMessage
+from tidemq.storage import MessageStore, PutResult, StoredMessage
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,18 @@ class LogMark:
     last_crc: int = 0
 
 
+class LogBehindError(Exception):
+    """An append found records of the log this broker has not applied before its own."""
+
+
 class FollowedLog(ABC, Generic[E]):
     """The log's position and how it is followed; the state, its events and its rebuild are
     the subclass's."""
 
     # What ``_decode`` raises for a record it cannot decode.
     format_error: ClassVar[type[ValueError]]
+    # What the applied state is called, in a LogBehindError.
+    state_name: ClassVar[str] = "state"
 
     def __init__(self, store: MessageStore, topic: str, queue_id: int, what: str) -> None:
         self.store = store
@@ -95,6 +102,18 @@ class FollowedLog(ABC, Generic[E]):
             return True
         self._behind.set()
         return False
+
+    def applied_put(self, put: PutResult, event: E, body: bytes) -> None:
+        """Apply ``event``, whose record (``body``) is the last of ``put`` (the master, in the
+        step of the put). Raises LogBehindError when records before it are not applied yet."""
+        r = put.results[-1]
+        if not self.in_order(r.queue_offset):
+            raise LogBehindError(
+                f"{self.what} record at {r.queue_offset}, "
+                f"{self.state_name} at {self.mark.next_offset}"
+            )
+        self._apply(event, r.phy_offset)
+        self.applied(r.queue_offset, r.phy_offset, body)
 
     def applied(self, queue_offset: int, phy_offset: int, body: bytes) -> None:
         self.mark = LogMark(queue_offset + 1, phy_offset, zlib.crc32(body))

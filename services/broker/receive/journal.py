@@ -43,10 +43,6 @@ log = logging.getLogger(__name__)
 LOG_QUEUE = 0
 
 
-class JournalBehindError(Exception):
-    """An append found records of the log this broker has not applied before its own."""
-
-
 class ReceiveJournal(FollowedLog[Event]):
     """Following the log, the master's check of its own records and the cut-back test are
     ``FollowedLog``'s; the receive states, their snapshots and the rebuild are here."""
@@ -101,14 +97,8 @@ class ReceiveJournal(FollowedLog[Event]):
         put = self.store.put_messages(
             [Message(topic=RECEIVE_LOG_TOPIC, queue_id=LOG_QUEUE, body=body)]
         )
-        r = put.results[0]
-        if not self.in_order(r.queue_offset):
-            raise JournalBehindError(
-                f"receive log record at {r.queue_offset}, state at {self.mark.next_offset}"
-            )
-        self._apply(event, r.phy_offset)
-        self.applied(r.queue_offset, r.phy_offset, body)
-        return r.phy_offset, put
+        self.applied_put(put, event, body)
+        return put.results[0].phy_offset, put
 
     # ------------------------------------------------------------------ applying
     def _decode(self, body: bytes) -> Event:

@@ -26,6 +26,7 @@ from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.admission_grpc import stepped_aside
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import parse_tag_expression
+from tidemq.services.broker.event_log import LogBehindError
 from tidemq.services.broker.groups import RECEIVE, GroupSettings, SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.leading import Leadership
@@ -43,7 +44,7 @@ from tidemq.services.broker.receive.events import (
     Reset,
 )
 from tidemq.services.broker.receive.handle import HandleWriter
-from tidemq.services.broker.receive.journal import JournalBehindError, ReceiveJournal
+from tidemq.services.broker.receive.journal import ReceiveJournal
 from tidemq.services.broker.receive.reading import (
     QueueCandidates,
     check_start_from,
@@ -134,7 +135,7 @@ class ReceiveService:
     def append(self, event: Event) -> tuple[int, PutResult]:
         try:
             return self.journal.append(event)
-        except JournalBehindError as e:
+        except LogBehindError as e:
             # The next call catches up first.
             raise self.leadership.behind("receive state is catching up with its log", e) from None
 

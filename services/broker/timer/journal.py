@@ -25,7 +25,7 @@ from tidemq.services.broker.timer.events import (
     encode_timer_event,
 )
 from tidemq.services.broker.timer.progress import TimerProgress
-from tidemq.storage import Message, MessageStore, PutResult
+from tidemq.storage import Message, MessageStore
 from tidemq.storage.record import TIMER_TOPIC
 
 log = logging.getLogger(__name__)
@@ -33,12 +33,9 @@ log = logging.getLogger(__name__)
 LOG_QUEUE = 0
 
 
-class TimerLogBehindError(Exception):
-    """An append found records of the timer log this broker has not applied before its own."""
-
-
 class TimerJournal(FollowedLog[TimerEvent]):
     format_error = TimerEventFormatError
+    state_name = "progress"
 
     def __init__(self, store: MessageStore) -> None:
         super().__init__(store, TIMER_LOG_TOPIC, LOG_QUEUE, "timer log")
@@ -59,18 +56,6 @@ class TimerJournal(FollowedLog[TimerEvent]):
             self.progress.low_seq,
             self.mark.next_offset,
         )
-
-    # ------------------------------------------------------------------ the master
-    def applied_put(self, put: PutResult, event: TimerEvent, body: bytes) -> None:
-        """Apply ``event``, whose record is the last of ``put`` (the master, in the step of
-        the put). Raises TimerLogBehindError when records before it are not applied yet."""
-        r = put.results[-1]
-        if not self.in_order(r.queue_offset):
-            raise TimerLogBehindError(
-                f"timer log record at {r.queue_offset}, progress at {self.mark.next_offset}"
-            )
-        self._apply(event, r.phy_offset)
-        self.applied(r.queue_offset, r.phy_offset, body)
 
     # ------------------------------------------------------------------ applying
     def _decode(self, body: bytes) -> TimerEvent:

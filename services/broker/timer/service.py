@@ -24,13 +24,14 @@ from typing import Any, Protocol
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
+from tidemq.services.broker.event_log import LogBehindError
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
 from tidemq.services.broker.leading import Leadership
 from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.relocate import relocated
 from tidemq.services.broker.timer.events import Fired, Recalled
-from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
+from tidemq.services.broker.timer.journal import TimerJournal
 from tidemq.services.broker.timer.progress import fired_mark
 from tidemq.services.broker.timer.recall_handle import InvalidRecallHandle, RecallHandle
 from tidemq.services.broker.timer.scheduling import (
@@ -223,7 +224,7 @@ class TimerService:
     def _applied(self, put: PutResult, event: Fired | Recalled, body: bytes) -> None:
         try:
             self.journal.applied_put(put, event, body)
-        except TimerLogBehindError as e:
+        except LogBehindError as e:
             # The next call catches up and rebuilds first.
             raise self.leadership.behind("timer state is catching up with its log", e) from None
 
