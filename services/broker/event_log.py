@@ -1,10 +1,11 @@
 """What every broker-written event log shares (the receive log, the timer log): one queue of a
 ``%SYS%`` topic whose records are events, and a state that is what applying them in order gives.
 
-The master appends a record and applies its event in the same step of the event loop (the
-subclass's ``append``, checked with ``in_order``); slaves apply replicated records as dispatch
-publishes them (``listen`` + ``follow``); a broker promoted to master applies everything its log
-holds before it decides anything (``catch_up_fully``). A log cut back under the state (a slave's
+The master appends a record and applies its event in the same step of the event loop
+(``applied_put``: refused with ``LogBehindError`` when records before it are not applied yet);
+slaves apply replicated records as dispatch publishes them (``listen`` + ``follow``); a broker
+promoted to master applies everything its log holds before it decides anything
+(``catch_up_fully``). A log cut back under the state (a slave's
 diverged tail truncated, a tail lost to a power cut before its flush) is noticed — the record
 the state ends with is gone or different — and the subclass rebuilds the state (``_rebuild``).
 """
@@ -16,8 +17,9 @@ import logging
 import zlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import ClassVar, Generic, TypeVar
 
-from tidemq.storage import MessageStore, StoredMessage
+from tidemq.storage import MessageStore, PutResult, StoredMessage
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,8 @@ log = logging.getLogger(__name__)
 # Records applied per step of a catch-up on the event loop, between yields to other calls.
 CATCH_UP_CHUNK = 512
 _READ_BYTES = 8 << 20
+
+E = TypeVar("E")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +42,18 @@ class LogMark:
     last_crc: int = 0
 
 
-class FollowedLog(ABC):
-    """The log's position and how it is followed; the state and its rebuild are the
-    subclass's."""
+class LogBehindError(Exception):
+    """An append found records of the log this broker has not applied before its own."""
+
+
+class FollowedLog(ABC, Generic[E]):
+    """The log's position and how it is followed; the state, its events and its rebuild are
+    the subclass's."""
+
+    # What ``_decode`` raises for a record it cannot decode.
+    format_error: ClassVar[type[ValueError]]
+    # What the applied state is called, in a LogBehindError.
+    state_name: ClassVar[str] = "state"
 
     def __init__(self, store: MessageStore, topic: str, queue_id: int, what: str) -> None:
         self.store = store
@@ -57,8 +70,29 @@ class FollowedLog(ABC):
         """Rebuild the state from the log as it is now (blocking)."""
 
     @abstractmethod
+    def _decode(self, body: bytes) -> E:
+        """One record's event; raises ``format_error``."""
+
+    @abstractmethod
+    def _apply(self, event: E, phy_offset: int) -> None:
+        """Apply the event of the record at ``phy_offset``."""
+
+    def open(self) -> None:
+        """Rebuild the state from the log as stored (blocking: the store is open, nothing
+        serves yet)."""
+        self.store.wait_dispatched(self.store.log.max_offset, 60)
+        self._rebuild("start-up")
+
     def _apply_body(self, body: bytes, phy_offset: int) -> None:
-        """Decode and apply one record's event (a record it cannot decode is logged, skipped)."""
+        try:
+            event = self._decode(body)
+        except self.format_error as e:
+            # Written by a newer broker, or damaged: skipping it keeps the rest in order.
+            log.error(  # noqa: TRY400 - the reason is the message; no traceback helps
+                "%s record at %d skipped: %s", self.what, phy_offset, e
+            )
+        else:
+            self._apply(event, phy_offset)
 
     # ------------------------------------------------------------------ the master
     def in_order(self, queue_offset: int) -> bool:
@@ -68,6 +102,18 @@ class FollowedLog(ABC):
             return True
         self._behind.set()
         return False
+
+    def applied_put(self, put: PutResult, event: E, body: bytes) -> None:
+        """Apply ``event``, whose record (``body``) is the last of ``put`` (the master, in the
+        step of the put). Raises LogBehindError when records before it are not applied yet."""
+        r = put.results[-1]
+        if not self.in_order(r.queue_offset):
+            raise LogBehindError(
+                f"{self.what} record at {r.queue_offset}, "
+                f"{self.state_name} at {self.mark.next_offset}"
+            )
+        self._apply(event, r.phy_offset)
+        self.applied(r.queue_offset, r.phy_offset, body)
 
     def applied(self, queue_offset: int, phy_offset: int, body: bytes) -> None:
         self.mark = LogMark(queue_offset + 1, phy_offset, zlib.crc32(body))

@@ -1,26 +1,35 @@
 """Waiting for a put to be as durable as its answer promises: the disk flush future and, for a
 SYNC_MASTER, the slaves (side by side), then dispatch.
 
-Shared by every answer that stands for records in the CommitLog: a send, and the receive/ack
-calls whose events are records of the receive log. What the waits add up to is
-``durability``'s decision.
+Shared by every answer that stands for records in the CommitLog: a send, the receive/ack calls
+whose events are records of the receive log, the timer's and the transactions' records
+(``wait_answerable``). What the waits add up to is ``durability``'s decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tidemq.services.broker.config import BrokerRole
-from tidemq.services.broker.durability import waits_for_slaves
+from tidemq.services.broker.durability import send_status, waits_for_slaves
 from tidemq.storage import PutResult, PutStatus
+
+if TYPE_CHECKING:
+    from tidemq.services.broker.handlers.checks import BrokerChecks
 
 
 class SyncReplication(Protocol):
     """The master side of replication, as a send waits on it."""
 
     def replicate(self, end_offset: int) -> Awaitable[PutStatus]: ...
+
+
+class MasterReplication(SyncReplication, Protocol):
+    """Replication as the master's writers use it: told of new records, then waited on."""
+
+    def notify_appended(self) -> None: ...
 
 
 async def wait_durable(
@@ -48,3 +57,30 @@ async def wait_dispatched(put: PutResult) -> None:
         fut.result()
     else:
         await asyncio.wrap_future(fut)
+
+
+async def wait_answerable(
+    put: PutResult, replication: MasterReplication | None, checks: BrokerChecks
+) -> PutStatus:
+    """Wait for ``put`` as a send waits (the slaves told of it; flushed, replicated, then
+    dispatched when those went well) and return what its answer carries: PUT_OK, or the status
+    it fell short with. Raises the refusal of a broker that may not acknowledge now."""
+    if replication is not None:
+        replication.notify_appended()
+    flushed, replicated = await wait_durable(put, replication, checks.role.role)
+    if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
+        # An answer promises records consumers can see: it waits for dispatch, which raises
+        # DISK_FULL when the ConsumeQueues or the index cannot be written.
+        await wait_dispatched(put)
+    return answer_status(flushed, replicated, checks)
+
+
+def answer_status(
+    flushed: PutStatus, replicated: PutStatus | None, checks: BrokerChecks
+) -> PutStatus:
+    """``send_status`` with the lease checked now, after the waits; raises the refusal when
+    this broker may not acknowledge."""
+    status = send_status(flushed, replicated, may_acknowledge=checks.role.may_acknowledge())
+    if status is None:
+        raise checks.not_acknowledging()
+    return status

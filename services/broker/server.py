@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
-from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -28,17 +26,13 @@ from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.groups import SubscriptionGroupManager
-from tidemq.services.broker.handlers.checks import BrokerChecks
-from tidemq.services.broker.idempotence.figures import IdempotenceCollector
+from tidemq.services.broker.logged_services import LoggedServices
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.nameserver_registration import NameserverRegistration
 from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.periodic import every
 from tidemq.services.broker.publication import RegistrationRounds
-from tidemq.services.broker.receive.figures import ReceiveCollector
-from tidemq.services.broker.receive.journal import ReceiveJournal
-from tidemq.services.broker.receive.revive import Reviver
-from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.broker.receive.waiters import ReceiveWaiters
 from tidemq.services.broker.replication import (
     TypedReplicationServicer,
@@ -50,14 +44,7 @@ from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.store_failure import StepAside
-from tidemq.services.broker.timer.figures import TimerMetrics
-from tidemq.services.broker.timer.journal import TimerJournal
-from tidemq.services.broker.timer.service import TimerService
-from tidemq.services.broker.timer.wheel import TimerWheel
 from tidemq.services.broker.topics import TopicManager
-from tidemq.services.broker.transactions.figures import TransactionCollector
-from tidemq.services.broker.transactions.log import TransactionLog
-from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.errors import add_servicer
 from tidemq.storage import MessageStore, StoreConfig
@@ -86,23 +73,14 @@ class Broker:
         self.topics = TopicManager(config.store_dir)
         self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
-        # The receive log: receive groups' in-flight state as records in the CommitLog.
-        self.journal = ReceiveJournal(self.store, config.store_dir)
-        # Transactions: half messages and their op log, records in the CommitLog too.
-        self.transaction_log = TransactionLog(self.store)
-        # The timer log: delayed messages' deliveries and recalls as records in the CommitLog.
-        self.timer_journal = TimerJournal(self.store)
-        self.timer: TimerService | None = None
+        # Receive, transactions, the timer: state as records of logs in the CommitLog.
+        self.logged = LoggedServices(config, self.store)
         wire_retention_floors(
             self.store,
             lambda: self.replication,
             self.offsets,
-            receive_log=self.journal.retention_position,
-            pinned=(
-                self.transaction_log.retention_position,
-                self.timer_journal.low_position,
-                self.timer_journal.newest_position,
-            ),
+            receive_log=self.logged.journal.retention_position,
+            pinned=self.logged.pinned(),
         )
         if config.automatic:
             # A damaged epoch file refuses start-up here, before the store opens (StateFileError).
@@ -132,7 +110,6 @@ class Broker:
         self.slave: SlaveClient | None = None
         self.metrics: BrokerMetrics | None = None
         self.step_aside: StepAside | None = None
-        self.reviver: Reviver | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_port = 0
         # Built here so a broker that could never register (a bad name) fails before serving.
@@ -158,12 +135,7 @@ class Broker:
         self.store.add_dispatch_listener(waiters.notify)
         receive_waiters = ReceiveWaiters(loop)
         self.store.add_dispatch_listener(receive_waiters.dispatched)
-        self.journal.listen(loop)
-        await loop.run_in_executor(None, self.journal.open)
-        self.transaction_log.listen(loop)
-        await loop.run_in_executor(None, self.transaction_log.open)
-        self.timer_journal.listen(loop)
-        await loop.run_in_executor(None, self.timer_journal.open)
+        await self.logged.open(loop)
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
@@ -202,51 +174,17 @@ class Broker:
                 self.replication_status,
             )
 
-        def receive_service(checks: BrokerChecks) -> ReceiveService:
-            return ReceiveService(
-                cfg,
-                self.store,
-                self.journal,
-                checks,
-                self.groups,
-                self.offsets,
-                self.topics,
-                receive_waiters,
-                self.registration.publish_topics,
-                self.replication,
-                self._confirm_cap,
-                self.metrics,
-            )
-
-        def transaction_service(checks: BrokerChecks) -> TransactionService:
-            return TransactionService(
-                cfg, self.store, self.transaction_log, checks, self.replication
-            )
-
-        def timer_service(checks: BrokerChecks) -> TimerService:
-            wheel = TimerWheel(os.path.join(cfg.store_dir, "timer"))
-            counters = (
-                TimerMetrics(self.metrics.registry, lambda: wheel.pending_count)
-                if self.metrics is not None
-                else None
-            )
-            self.timer = TimerService(
-                cfg.broker_name,
-                self.store,
-                self.timer_journal,
-                wheel,
-                checks,
-                cfg.max_delay_ms,
-                self.replication,
-                counters,
-            )
-            return self.timer
-
-        if self.metrics is not None:
-            self.metrics.registry.register(
-                ReceiveCollector(lambda: self.journal.states, self.groups)
-            )
-            self.metrics.registry.register(TransactionCollector(self._transaction_service))
+        factories = self.logged.factories(
+            store=self.store,
+            groups=self.groups,
+            offsets=self.offsets,
+            topics=self.topics,
+            receive_waiters=receive_waiters,
+            publish_topics=self.registration.publish_topics,
+            replication=self.replication,
+            confirm_cap=self._confirm_cap,
+            metrics=self.metrics,
+        )
         self.servicer = BrokerServicer(
             cfg,
             self.store,
@@ -262,23 +200,11 @@ class Broker:
             role=self.role,
             confirm_cap=self._confirm_cap,
             failover=self.failover,
-            receive=receive_service,
-            transactions=transaction_service,
-            timer=timer_service,
+            receive=factories.receive,
+            transactions=factories.transactions,
+            timer=factories.timer,
         )
-        assert self.timer is not None
-        assert self.servicer.receive is not None
-        if self.metrics is not None:
-            self.metrics.registry.register(IdempotenceCollector(self.servicer.send.idempotence))
-        self.reviver = Reviver(
-            self.servicer.receive.service,
-            self.servicer.receive.settle,
-            self.journal,
-            self.groups,
-            self.offsets,
-            self.role,
-            cfg.receive_snapshot_interval_ms,
-        )
+        self.logged.attach(self.servicer, self.groups, self.offsets, self.role, self.metrics)
         # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
         # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
         limit = self.config.max_request_bytes
@@ -318,16 +244,10 @@ class Broker:
         if self.failover is not None:
             self.failover.start()
         self._tasks = [
-            asyncio.create_task(self._every(self.config.offset_flush_interval_ms, self._persist)),
-            asyncio.create_task(self._every(10_000, self._expire_clients)),
+            asyncio.create_task(every(self.config.offset_flush_interval_ms, self._persist)),
+            asyncio.create_task(every(10_000, self._expire_clients)),
             asyncio.create_task(self.registration.run()),
-            asyncio.create_task(self.journal.follow()),
-            asyncio.create_task(self.servicer.send.idempotence.scan.follow()),
-            asyncio.create_task(self._every(cfg.revive_interval_ms, self.reviver.tick)),
-            asyncio.create_task(self.transaction_log.follow()),
-            asyncio.create_task(self._every(self._transaction_round_ms(), self._check_round)),
-            asyncio.create_task(self.timer_journal.follow()),
-            asyncio.create_task(self._every(cfg.timer_tick_ms, self.timer.tick)),
+            *(asyncio.create_task(task) for task in self.logged.tasks()),
         ]
         if self.failover is None and self.slave is not None:
             self._tasks.append(asyncio.create_task(self.slave.run()))
@@ -336,7 +256,7 @@ class Broker:
         if self.replication is not None:
             self._tasks.append(
                 asyncio.create_task(
-                    self._every(self.config.replication.lag_report_interval_ms, self._report_lag)
+                    every(self.config.replication.lag_report_interval_ms, self._report_lag)
                 )
             )
         log.info(
@@ -346,28 +266,6 @@ class Broker:
             self.config.listen,
             self.config.store_dir,
         )
-
-    async def _every(self, period_ms: int, fn: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            await asyncio.sleep(period_ms / 1000)
-            try:
-                await fn()
-            except Exception:  # a periodic task's failure is logged and retried next period
-                log.exception("periodic task %s failed", fn.__name__)
-
-    def _transaction_service(self) -> TransactionService | None:
-        s = self.servicer
-        return s.transactions.service if s is not None and s.transactions is not None else None
-
-    def _transaction_round_ms(self) -> int:
-        # Often enough that a half is checked within about a tenth of its timeout or interval.
-        cfg = self.config
-        return max(50, min(cfg.transaction_check_interval_ms, cfg.transaction_timeout_ms) // 10)
-
-    async def _check_round(self) -> None:
-        service = self._transaction_service()
-        if service is not None:
-            await service.check_round()
 
     def replication_status(self) -> object:
         return status_proto(self.config, self.replication, self.slave, self.config_sync)
@@ -431,10 +329,7 @@ class Broker:
             # Before the store closes: a scrape reads the store.
             await loop.run_in_executor(None, self.metrics.stop)
         await loop.run_in_executor(None, self.offsets.persist)
-        if self.reviver is not None:
-            await self.reviver.snapshot()  # a restart replays nothing
-        if self.timer is not None:
-            self.timer.wheel.close()  # a cache: the next start rebuilds it from the log
+        await self.logged.close()
         await loop.run_in_executor(None, self.store.close)
         log.info("broker %s stopped cleanly", self.config.broker_name)
 

@@ -9,35 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.replication.copied_logs import copy_log, open_store
 from tidemq.services.broker.receive.events import Acked, Changed, Init, QueueKey, Received
 from tidemq.services.broker.receive.journal import ReceiveJournal
 from tidemq.services.broker.receive.states import ReceiveStates
-from tidemq.storage import MessageStore, StoreConfig
 
 pytestmark = pytest.mark.store
 
 KEY = QueueKey("workers", "jobs", 0)
 NOW = 1_700_000_000_000
-
-
-def open_store(root: Path) -> MessageStore:
-    return MessageStore(
-        StoreConfig(
-            str(root),
-            commitlog_file_size_bytes=4096,
-            consume_queue_entries_per_file=16,
-            index_slot_num=8,
-            index_max_num=32,
-        )
-    ).open()
-
-
-def copy_log(master: MessageStore, slave: MessageStore) -> None:
-    """Replication's job: the master's CommitLog bytes appended to the slave's, then
-    dispatched there."""
-    while (at := slave.log.max_offset) < master.log.max_offset:
-        slave.append_raw(at, master.read_raw(at, master.log.max_offset - at))
-    assert slave.wait_dispatched(slave.log.max_offset, 10)
 
 
 def deliver(journal: ReceiveJournal, first: int, n: int, now: int = NOW) -> int:

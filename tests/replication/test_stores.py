@@ -8,28 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.replication.copied_logs import FILE_BYTES as FILE
+from tests.replication.copied_logs import open_store
 from tidemq.replication import Accept, Identity, MasterTracker, ReplicationConfig, SlaveSession
 from tidemq.replication.handshake import Handshake, decide_handshake
 from tidemq.replication.log import slave_probes
 from tidemq.replication.master import Send
-from tidemq.storage import Message, MessageStore, PutStatus, StoreConfig
+from tidemq.storage import Message, MessageStore, PutStatus
 
 pytestmark = pytest.mark.store
 
-FILE = 4096
 CFG = ReplicationConfig(chunk_bytes=1000, max_in_flight_bytes=3000)
-
-
-def open_store(root: Path) -> MessageStore:
-    return MessageStore(
-        StoreConfig(
-            str(root),
-            commitlog_file_size_bytes=FILE,
-            consume_queue_entries_per_file=16,
-            index_slot_num=8,
-            index_max_num=32,
-        )
-    ).open()
 
 
 def put(store: MessageStore, prefix: str, n: int) -> None:

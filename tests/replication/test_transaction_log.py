@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.replication.copied_logs import copy_log, open_store
 from tidemq.services.broker.transactions.events import (
     HALF_TOPIC,
     Checked,
@@ -19,29 +20,11 @@ from tidemq.services.broker.transactions.events import (
 )
 from tidemq.services.broker.transactions.halves import to_committed, to_half
 from tidemq.services.broker.transactions.log import TransactionLog
-from tidemq.storage import Message, MessageStore, StoreConfig
+from tidemq.storage import Message, MessageStore
 
 pytestmark = pytest.mark.store
 
 NOW = 1_700_000_000_000
-
-
-def open_store(root: Path) -> MessageStore:
-    return MessageStore(
-        StoreConfig(
-            str(root),
-            commitlog_file_size_bytes=4096,
-            consume_queue_entries_per_file=16,
-            index_slot_num=8,
-            index_max_num=32,
-        )
-    ).open()
-
-
-def copy_log(master: MessageStore, slave: MessageStore) -> None:
-    while (at := slave.log.max_offset) < master.log.max_offset:
-        slave.append_raw(at, master.read_raw(at, master.log.max_offset - at))
-    assert slave.wait_dispatched(slave.log.max_offset, 10)
 
 
 def send_halves(store: MessageStore, n: int, first: int = 0) -> list[int]:
@@ -56,6 +39,13 @@ def send_halves(store: MessageStore, n: int, first: int = 0) -> list[int]:
     return [r.phy_offset for r in put.results]
 
 
+def opened(store: MessageStore) -> TransactionLog:
+    """A transaction log as a broker holds it after start-up."""
+    txlog = TransactionLog(store)
+    txlog.open()
+    return txlog
+
+
 def commit(txlog: TransactionLog, offset: int) -> None:
     half = txlog.half(offset)
     assert half is not None
@@ -66,9 +56,7 @@ def test_a_follower_applying_the_copied_logs_holds_the_masters_open_transactions
     tmp_path: Path,
 ) -> None:
     with open_store(tmp_path / "m") as m, open_store(tmp_path / "s") as s:
-        master, follower = TransactionLog(m), TransactionLog(s)
-        master.open()
-        follower.open()
+        master, follower = opened(m), opened(s)
         offsets = send_halves(m, 4)
         master.catch_up()
         commit(master, offsets[0])
@@ -88,15 +76,13 @@ def test_a_follower_applying_the_copied_logs_holds_the_masters_open_transactions
 
 def test_a_restart_rebuilds_the_open_transactions_from_the_logs(tmp_path: Path) -> None:
     with open_store(tmp_path / "m") as m:
-        txlog = TransactionLog(m)
-        txlog.open()
+        txlog = opened(m)
         offsets = send_halves(m, 3)
         txlog.catch_up()
         commit(txlog, offsets[1])
         txlog.append(Checked(offsets[2], 2, NOW))
     with open_store(tmp_path / "m") as m:
-        again = TransactionLog(m)
-        again.open()
+        again = opened(m)
         assert sorted(again.state.open) == [offsets[0], offsets[2]]
         assert again.state.open[offsets[2]].checks == 2
         assert again.repair() == []  # nothing torn
@@ -104,8 +90,7 @@ def test_a_restart_rebuilds_the_open_transactions_from_the_logs(tmp_path: Path) 
 
 def test_a_commit_whose_op_record_was_lost_is_found_committed_not_open(tmp_path: Path) -> None:
     with open_store(tmp_path / "m") as m:
-        txlog = TransactionLog(m)
-        txlog.open()
+        txlog = opened(m)
         torn, untouched = send_halves(m, 2)
         txlog.catch_up()
         half = txlog.half(torn)
@@ -114,17 +99,14 @@ def test_a_commit_whose_op_record_was_lost_is_found_committed_not_open(tmp_path:
         m.put_messages([to_committed(half)])
         assert m.wait_dispatched(m.log.max_offset, 10)
     with open_store(tmp_path / "m") as m:
-        again = TransactionLog(m)
-        again.open()
+        again = opened(m)
         assert sorted(again.state.open) == [torn, untouched]  # the op log alone says open
         assert [h.offset for h in again.repair()] == [torn]
 
 
 def test_a_slave_whose_log_was_cut_back_rebuilds(tmp_path: Path) -> None:
     with open_store(tmp_path / "m") as m, open_store(tmp_path / "s") as s:
-        master, follower = TransactionLog(m), TransactionLog(s)
-        master.open()
-        follower.open()
+        master, follower = opened(m), opened(s)
         offsets = send_halves(m, 2)
         master.catch_up()
         copy_log(m, s)
@@ -143,8 +125,7 @@ def test_a_slave_whose_log_was_cut_back_rebuilds(tmp_path: Path) -> None:
 
 def test_catch_up_fully_applies_everything_dispatched(tmp_path: Path) -> None:
     with open_store(tmp_path / "m") as m:
-        txlog = TransactionLog(m)
-        txlog.open()
+        txlog = opened(m)
         offsets = send_halves(m, 700)  # more than one chunk
         asyncio.run(txlog.catch_up_fully())
         assert len(txlog.state) == len(offsets)
@@ -152,9 +133,7 @@ def test_catch_up_fully_applies_everything_dispatched(tmp_path: Path) -> None:
 
 def test_a_diverged_tail_replaced_by_the_new_masters_history_rebuilds(tmp_path: Path) -> None:
     with open_store(tmp_path / "m") as m, open_store(tmp_path / "s") as s:
-        new_master, follower = TransactionLog(m), TransactionLog(s)
-        new_master.open()
-        follower.open()
+        new_master, follower = opened(m), opened(s)
         common = send_halves(m, 2)
         copy_log(m, s)
         follower.catch_up(verify=True)

@@ -16,17 +16,16 @@ from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.admission_grpc import work_done
 from tidemq.services.broker.convert import SEND_STATUS, to_store_message
-from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.idempotence.sends import IdempotentSends
 from tidemq.services.broker.metrics import BrokerMetrics
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.put_waits import answer_status, wait_answerable
 from tidemq.services.broker.receive.dead_letter import client_may_send
 from tidemq.services.broker.timer.scheduling import Scheduling
 from tidemq.services.broker.topics import TopicConfig
 from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.errors import invalid, system_topic
-from tidemq.storage import MessageStore, PutStatus
+from tidemq.storage import MessageStore
 from tidemq.storage.clock import now_ms
 from tidemq.storage.config import parse_host
 
@@ -97,22 +96,14 @@ class SendHandler:
         if timer is not None and delayed and put is not None:
             timer.stored(delayed, put)
         work_done()  # what is left is waiting: the connection may run its next request
+        # The lease is checked again at the answer, after the waits (``answer_status``).
         if put is None:  # every message was a duplicate
             flushed, replicated = await self.idempotence.wait_originals(
                 self.replication, self.role.role
             )
+            status = answer_status(flushed, replicated, checks)
         else:
-            if self.replication is not None:
-                self.replication.notify_appended()
-            flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-            if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-                # SEND_OK promises a message consumers can see: it waits for dispatch, which
-                # raises DISK_FULL when the ConsumeQueues or the index cannot be written.
-                await wait_dispatched(put)
-        # The lease is checked again at the answer, after the waits (``send_status``).
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise checks.not_acknowledging()
+            status = await wait_answerable(put, self.replication, checks)
         wire = SEND_STATUS[status]
         if self.metrics is not None:
             self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)

@@ -43,13 +43,11 @@ log = logging.getLogger(__name__)
 LOG_QUEUE = 0
 
 
-class JournalBehindError(Exception):
-    """An append found records of the log this broker has not applied before its own."""
-
-
-class ReceiveJournal(FollowedLog):
+class ReceiveJournal(FollowedLog[Event]):
     """Following the log, the master's check of its own records and the cut-back test are
     ``FollowedLog``'s; the receive states, their snapshots and the rebuild are here."""
+
+    format_error = EventFormatError
 
     def __init__(self, store: MessageStore, store_dir: str) -> None:
         super().__init__(store, RECEIVE_LOG_TOPIC, LOG_QUEUE, "receive log")
@@ -61,13 +59,8 @@ class ReceiveJournal(FollowedLog):
         self.on_applied: Callable[[Event], None] | None = None
 
     # ------------------------------------------------------------------ start-up
-    def open(self) -> None:
-        """Load the newest usable snapshot and replay the log after it (blocking: the store is
-        open, nothing serves yet)."""
-        self.store.wait_dispatched(self.store.log.max_offset, 60)
-        self._rebuild("start-up")
-
     def _rebuild(self, why: str) -> None:
+        """From the newest usable snapshot and the log after it, else from the log alone."""
         lo = self.store.min_offset(RECEIVE_LOG_TOPIC, LOG_QUEUE)
         for position in reversed(self.snapshots.positions()):
             try:
@@ -104,26 +97,12 @@ class ReceiveJournal(FollowedLog):
         put = self.store.put_messages(
             [Message(topic=RECEIVE_LOG_TOPIC, queue_id=LOG_QUEUE, body=body)]
         )
-        r = put.results[0]
-        if not self.in_order(r.queue_offset):
-            raise JournalBehindError(
-                f"receive log record at {r.queue_offset}, state at {self.mark.next_offset}"
-            )
-        self._apply(event, r.phy_offset)
-        self.applied(r.queue_offset, r.phy_offset, body)
-        return r.phy_offset, put
+        self.applied_put(put, event, body)
+        return put.results[0].phy_offset, put
 
     # ------------------------------------------------------------------ applying
-    def _apply_body(self, body: bytes, phy_offset: int) -> None:
-        try:
-            event = decode_event(body)
-        except EventFormatError as e:
-            # Written by a newer broker, or damaged: skipping it keeps the rest in order.
-            log.error(  # noqa: TRY400 - the reason is the message; no traceback helps
-                "receive log record at %d skipped: %s", phy_offset, e
-            )
-        else:
-            self._apply(event, phy_offset)
+    def _decode(self, body: bytes) -> Event:
+        return decode_event(body)
 
     def _apply(self, event: Event, lease_id: int) -> None:
         self.states.apply(event, lease_id)

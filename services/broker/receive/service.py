@@ -21,18 +21,17 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
-import grpc
-
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.admission_grpc import stepped_aside
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import parse_tag_expression
-from tidemq.services.broker.durability import send_status
+from tidemq.services.broker.event_log import LogBehindError
 from tidemq.services.broker.groups import RECEIVE, GroupSettings, SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks
+from tidemq.services.broker.leading import Leadership
 from tidemq.services.broker.offsets import OffsetManager
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.receive.answer import ReceiveAnswer
 from tidemq.services.broker.receive.dead_letter import (
     dlq_topic,
@@ -45,7 +44,7 @@ from tidemq.services.broker.receive.events import (
     Reset,
 )
 from tidemq.services.broker.receive.handle import HandleWriter
-from tidemq.services.broker.receive.journal import JournalBehindError, ReceiveJournal
+from tidemq.services.broker.receive.journal import ReceiveJournal
 from tidemq.services.broker.receive.reading import (
     QueueCandidates,
     check_start_from,
@@ -55,7 +54,7 @@ from tidemq.services.broker.receive.reading import (
 from tidemq.services.broker.receive.states import ReceiveStates
 from tidemq.services.broker.receive.waiters import ReceiveWaiters
 from tidemq.services.broker.topics import TopicConfig, TopicManager
-from tidemq.services.errors import ServiceError, consume_disabled, invalid
+from tidemq.services.errors import consume_disabled, invalid
 from tidemq.storage import MessageStore, PutResult, PutStatus
 from tidemq.storage.clock import now_ms
 
@@ -118,8 +117,7 @@ class ReceiveService:
         # Under confirm_offset, receives see only what in-sync slaves hold, as pulls do.
         self._confirm_cap = confirm_cap if config.replication.confirm_offset else None
         self.counters: ReceiveCounters = counters or _Uncounted()
-        self._led_epoch: int | None = None
-        self._lead_lock = asyncio.Lock()
+        self.leadership = Leadership(checks, "receive and acknowledge", journal.catch_up_fully)
         self._rotation: dict[tuple[str, str], int] = {}
         journal.on_applied = self._applied
 
@@ -132,29 +130,14 @@ class ReceiveService:
     async def lead(self) -> None:
         """Refuse unless this broker is the master and may acknowledge; a master that has not
         yet decided anything in its epoch first applies every record of its log."""
-        checks = self.checks
-        checks.ensure_running()
-        checks.ensure_master("receive and acknowledge")
-        await checks.ensure_acknowledging(0)
-        if self._led_epoch == self.role.epoch:
-            return
-        async with self._lead_lock:
-            if self._led_epoch != self.role.epoch:
-                epoch = self.role.epoch
-                await self.journal.catch_up_fully()
-                self._led_epoch = epoch
+        await self.leadership.lead()
 
     def append(self, event: Event) -> tuple[int, PutResult]:
         try:
             return self.journal.append(event)
-        except JournalBehindError as e:
-            self._led_epoch = None  # the next call catches up first
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE,
-                common_pb2.NOT_MASTER,
-                f"receive state is catching up with its log ({e}); retry",
-                retriable=True,
-            ) from None
+        except LogBehindError as e:
+            # The next call catches up first.
+            raise self.leadership.behind("receive state is catching up with its log", e) from None
 
     async def durable(self, put: PutResult, *, what: str) -> None:
         """Wait for ``put`` as a send waits, so that normally an answered call is on the slaves.
@@ -165,14 +148,7 @@ class ReceiveService:
         What that costs is the documented window: such an ack can be lost by a failover, and
         its message is delivered again (at least once, never lost). Counted per outcome.
         """
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            await wait_dispatched(put)
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise self.checks.not_acknowledging()
+        status = await wait_answerable(put, self.replication, self.checks)
         if status is not PutStatus.PUT_OK and what:
             log.warning("a %s was answered short of its durability: %s", what, status.name)
             self.counters.short_durability(status.name)

@@ -25,7 +25,7 @@ from tidemq.services.broker.timer.events import (
     encode_timer_event,
 )
 from tidemq.services.broker.timer.progress import TimerProgress
-from tidemq.storage import Message, MessageStore, PutResult
+from tidemq.storage import Message, MessageStore
 from tidemq.storage.record import TIMER_TOPIC
 
 log = logging.getLogger(__name__)
@@ -33,11 +33,10 @@ log = logging.getLogger(__name__)
 LOG_QUEUE = 0
 
 
-class TimerLogBehindError(Exception):
-    """An append found records of the timer log this broker has not applied before its own."""
+class TimerJournal(FollowedLog[TimerEvent]):
+    format_error = TimerEventFormatError
+    state_name = "progress"
 
-
-class TimerJournal(FollowedLog):
     def __init__(self, store: MessageStore) -> None:
         super().__init__(store, TIMER_LOG_TOPIC, LOG_QUEUE, "timer log")
         self.progress = TimerProgress()
@@ -46,11 +45,6 @@ class TimerJournal(FollowedLog):
         return Message(topic=TIMER_LOG_TOPIC, queue_id=LOG_QUEUE, body=encode_timer_event(event))
 
     # ------------------------------------------------------------------ start-up
-    def open(self) -> None:
-        """Replay the log (blocking: the store is open, nothing serves yet)."""
-        self.store.wait_dispatched(self.store.log.max_offset, 60)
-        self._rebuild("start-up")
-
     def _rebuild(self, why: str) -> None:
         self.progress = TimerProgress()
         self.mark = LogMark(self.store.min_offset(TIMER_LOG_TOPIC, LOG_QUEUE))
@@ -63,30 +57,11 @@ class TimerJournal(FollowedLog):
             self.mark.next_offset,
         )
 
-    # ------------------------------------------------------------------ the master
-    def applied_put(self, put: PutResult, event: TimerEvent, body: bytes) -> None:
-        """Apply ``event``, whose record is the last of ``put`` (the master, in the step of
-        the put). Raises TimerLogBehindError when records before it are not applied yet."""
-        r = put.results[-1]
-        if not self.in_order(r.queue_offset):
-            raise TimerLogBehindError(
-                f"timer log record at {r.queue_offset}, progress at {self.mark.next_offset}"
-            )
-        self._apply(event)
-        self.applied(r.queue_offset, r.phy_offset, body)
-
     # ------------------------------------------------------------------ applying
-    def _apply_body(self, body: bytes, phy_offset: int) -> None:
-        try:
-            event = decode_timer_event(body)
-        except TimerEventFormatError as e:
-            log.error(  # noqa: TRY400 - the reason is the message
-                "timer log record at %d skipped: %s", phy_offset, e
-            )
-        else:
-            self._apply(event)
+    def _decode(self, body: bytes) -> TimerEvent:
+        return decode_timer_event(body)
 
-    def _apply(self, event: TimerEvent) -> None:
+    def _apply(self, event: TimerEvent, phy_offset: int) -> None:
         self.progress.apply(event)
 
     # ------------------------------------------------------------------ retention

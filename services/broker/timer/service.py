@@ -22,16 +22,16 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-import grpc
-
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
-from tidemq.services.broker.durability import send_status
+from tidemq.services.broker.event_log import LogBehindError
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.leading import Leadership
+from tidemq.services.broker.put_waits import wait_answerable
+from tidemq.services.broker.relocate import relocated
 from tidemq.services.broker.timer.events import Fired, Recalled
-from tidemq.services.broker.timer.journal import TimerJournal, TimerLogBehindError
+from tidemq.services.broker.timer.journal import TimerJournal
 from tidemq.services.broker.timer.progress import fired_mark
 from tidemq.services.broker.timer.recall_handle import InvalidRecallHandle, RecallHandle
 from tidemq.services.broker.timer.scheduling import (
@@ -84,17 +84,7 @@ def real_message(rec: StoredMessage) -> Message:
     """The message a timer record stands for, as its producer sent it; ``TIMER_DELIVER_MS``
     stays, a plain property consumers may read."""
     props = {k: v for k, v in rec.properties.items() if k not in _NOT_COPIED}
-    return Message(
-        topic=rec.properties[REAL_TOPIC],
-        body=rec.body,
-        queue_id=int(rec.properties[REAL_QID]),
-        tags=rec.tags,
-        keys=tuple(rec.keys),
-        properties=props,
-        flag=rec.flag,
-        born_timestamp_ms=rec.born_timestamp_ms,
-        born_host=rec.born_host,
-    )
+    return relocated(rec, rec.properties[REAL_TOPIC], int(rec.properties[REAL_QID]), props)
 
 
 class TimerService:
@@ -117,8 +107,7 @@ class TimerService:
         self.role = checks.role
         self.replication = replication
         self.counters: TimerCounters = counters or _Uncounted()
-        self._led_epoch: int | None = None
-        self._lead_lock = asyncio.Lock()
+        self.leadership = Leadership(checks, "recall or list delayed messages", self._prepare)
         # Timers stored while the wheel is not this epoch's: (due, seq, timer_id).
         self._held: list[tuple[int, int, int]] = []
         # The send path's half (``handlers/send.py``).
@@ -134,7 +123,7 @@ class TimerService:
         """The timer records of a put (in the step of the put): into the wheel."""
         for d in delayed:
             r = put.results[d.index]
-            if self._led_epoch == self.role.epoch:
+            if self.leadership.prepared:
                 self.wheel.add(d.deliver_at_ms, r.queue_offset, r.phy_offset)
             else:
                 self._held.append((d.deliver_at_ms, r.queue_offset, r.phy_offset))
@@ -143,19 +132,11 @@ class TimerService:
     async def lead(self) -> None:
         """Refuse unless master and acknowledging; the first time in an epoch, apply the whole
         timer log and rebuild the wheel."""
-        checks = self.checks
-        checks.ensure_running()
-        checks.ensure_master("recall or list delayed messages")
-        await checks.ensure_acknowledging(0)
-        if self._led_epoch == self.role.epoch:
-            return
-        async with self._lead_lock:
-            if self._led_epoch == self.role.epoch:
-                return
-            epoch = self.role.epoch
-            await self.journal.catch_up_fully()
-            await self._rebuild_wheel()
-            self._led_epoch = epoch
+        await self.leadership.lead()
+
+    async def _prepare(self) -> None:
+        await self.journal.catch_up_fully()
+        await self._rebuild_wheel()
 
     async def _rebuild_wheel(self) -> None:
         """From the queue as dispatched when it starts, a chunk per loop step (a million
@@ -272,24 +253,12 @@ class TimerService:
     def _applied(self, put: PutResult, event: Fired | Recalled, body: bytes) -> None:
         try:
             self.journal.applied_put(put, event, body)
-        except TimerLogBehindError as e:
-            self._led_epoch = None  # the next call catches up and rebuilds first
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE,
-                common_pb2.NOT_MASTER,
-                f"timer state is catching up with its log ({e}); retry",
-                retriable=True,
-            ) from None
+        except LogBehindError as e:
+            # The next call catches up and rebuilds first.
+            raise self.leadership.behind("timer state is catching up with its log", e) from None
 
     async def _durable(self, put: PutResult, what: str) -> None:
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            await wait_dispatched(put)
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise self.checks.not_acknowledging()
+        status = await wait_answerable(put, self.replication, self.checks)
         if status is not PutStatus.PUT_OK:
             log.warning("%s short of durability: %s", what, status.name)
 

@@ -8,6 +8,7 @@ commit whose op record was lost is recognised at rebuild (``log.TransactionLog.r
 
 from __future__ import annotations
 
+from tidemq.services.broker.relocate import relocated
 from tidemq.services.broker.transactions.events import HALF_TOPIC
 from tidemq.storage import Message, StoredMessage
 from tidemq.storage.record import PROP_UNIQ_KEY
@@ -26,17 +27,7 @@ def to_half(m: Message, producer_group: str) -> Message:
     props[REAL_QID] = str(m.queue_id)
     props[PGROUP] = producer_group
     props[TRAN_MSG] = "true"
-    return Message(
-        topic=HALF_TOPIC,
-        body=m.body,
-        queue_id=0,
-        tags=m.tags,
-        keys=m.keys,
-        properties=props,
-        flag=m.flag,
-        born_timestamp_ms=m.born_timestamp_ms,
-        born_host=m.born_host,
-    )
+    return relocated(m, HALF_TOPIC, 0, props)
 
 
 def real_topic(half: StoredMessage) -> tuple[str, int]:
@@ -59,17 +50,7 @@ def to_committed(half: StoredMessage) -> Message:
     props = user_properties(half)
     props[PROP_UNIQ_KEY] = commit_key(half)
     props[TRAN_HALF_OFFSET] = str(half.phy_offset)
-    return Message(
-        topic=topic,
-        body=half.body,
-        queue_id=qid,
-        tags=half.tags,
-        keys=tuple(half.keys),
-        properties=props,
-        flag=half.flag,
-        born_timestamp_ms=half.born_timestamp_ms,
-        born_host=half.born_host,
-    )
+    return relocated(half, topic, qid, props)
 
 
 def is_committed_copy(m: StoredMessage, half_offset: int) -> bool:

@@ -21,9 +21,9 @@ from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import to_proto
-from tidemq.services.broker.durability import send_status
 from tidemq.services.broker.handlers.checks import BrokerChecks
-from tidemq.services.broker.put_waits import wait_dispatched, wait_durable
+from tidemq.services.broker.leading import Leadership
+from tidemq.services.broker.put_waits import wait_answerable
 from tidemq.services.broker.transactions.events import Checked, Resolution, Resolved
 from tidemq.services.broker.transactions.halves import (
     real_topic,
@@ -79,51 +79,30 @@ class TransactionService:
         # Counted since start: (resolution, by) and checks sent; read by the metrics collector.
         self.resolved: Counter[tuple[str, str]] = Counter()
         self.checks_sent = 0
-        self._led_epoch: int | None = None
-        self._lead_lock = asyncio.Lock()
+        self.leadership = Leadership(checks, "end transactions", self._prepare)
 
     # ------------------------------------------------------------------ the master's gate
     async def lead(self) -> None:
-        checks = self.checks
-        checks.ensure_running()
-        checks.ensure_master("end transactions")
-        await checks.ensure_acknowledging(0)
-        if self._led_epoch == self.role.epoch:
-            return
-        async with self._lead_lock:
-            if self._led_epoch != self.role.epoch:
-                epoch = self.role.epoch
-                await self.log.catch_up_fully()
-                for h in self.log.repair():
-                    log.warning(
-                        "transaction %d: its committed message is stored but its op record "
-                        "was lost (a crash between them); recorded as committed",
-                        h.offset,
-                    )
-                    await self._durable(self._append(Resolved(h.offset, Resolution.COMMIT, False)))
-                self._led_epoch = epoch
+        await self.leadership.lead()
+
+    async def _prepare(self) -> None:
+        await self.log.catch_up_fully()
+        for h in self.log.repair():
+            log.warning(
+                "transaction %d: its committed message is stored but its op record "
+                "was lost (a crash between them); recorded as committed",
+                h.offset,
+            )
+            await self._durable(self._append(Resolved(h.offset, Resolution.COMMIT, False)))
 
     def _append(self, event: Resolved | Checked, before: list[Message] | None = None) -> PutResult:
         try:
             return self.log.append(event, before or ())
         except LogBehindError as e:
-            self._led_epoch = None
-            raise ServiceError(
-                grpc.StatusCode.UNAVAILABLE,
-                common_pb2.NOT_MASTER,
-                f"transactions are catching up with their log ({e}); retry",
-                retriable=True,
-            ) from None
+            raise self.leadership.behind("transactions are catching up with their log", e) from None
 
     async def _durable(self, put: PutResult) -> None:
-        if self.replication is not None:
-            self.replication.notify_appended()
-        flushed, replicated = await wait_durable(put, self.replication, self.role.role)
-        if flushed is PutStatus.PUT_OK and replicated in (None, PutStatus.PUT_OK):
-            await wait_dispatched(put)
-        status = send_status(flushed, replicated, may_acknowledge=self.role.may_acknowledge())
-        if status is None:
-            raise self.checks.not_acknowledging()
+        status = await wait_answerable(put, self.replication, self.checks)
         if status is not PutStatus.PUT_OK:
             log.warning("a transaction's end was answered short of its durability: %s", status)
 
@@ -261,7 +240,7 @@ class TransactionService:
         for i, (h, action) in enumerate(due[:MAX_PER_ROUND]):
             if i and not i % PER_STEP:
                 await asyncio.sleep(0)
-                if not self.role.is_master or self._led_epoch != self.role.epoch:
+                if not self.role.is_master or not self.leadership.prepared:
                     break  # demoted meanwhile: the new master's checker takes over
             if h.offset not in self.log.state.open:
                 continue  # resolved while this round waited
