@@ -8,7 +8,7 @@ SDK maps back to an exception.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -246,8 +246,10 @@ def _decode_in_handler(handler: Any) -> Any:
     decode = handler.request_deserializer
     encode = handler.response_serializer
     behavior = handler.unary_unary
-    if decode is None or encode is None or behavior is None:  # only unary calls; none stream yet
+    if decode is None or encode is None:
         return handler
+    if behavior is None:
+        return _decode_in_stream_handler(handler) if handler.unary_stream is not None else handler
 
     def encode_unless_encoded(response: Any) -> bytes:
         # A handler may answer bytes it encoded itself (a pull encodes its answer in slices).
@@ -265,3 +267,20 @@ def _decode_in_handler(handler: Any) -> Any:
         response_serializer=encode_unless_encoded,
         unary_unary=unary_unary,
     )
+
+
+def _decode_in_stream_handler(handler: Any) -> Any:
+    """A server-streaming call (a producer's transaction checks): the same typed answer to a
+    request that does not decode."""
+    decode = handler.request_deserializer
+    behavior = handler.unary_stream
+
+    async def unary_stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            request = decode(raw)
+        except DecodeError as e:
+            await abort_with(context, invalid(f"the request is not a valid message: {e}"))
+        async for response in behavior(request, context):
+            yield response
+
+    return handler._replace(request_deserializer=None, unary_stream=unary_stream)

@@ -239,6 +239,12 @@ def test_undecodable_requests(broker: Broker, data: st.DataObject, method: str) 
     assert_refused(lambda: raw_call(broker, method, payload), INVALID, E.INVALID_ARGUMENT)
 
 
+def test_an_undecodable_request_to_a_streaming_call_gets_the_typed_error(broker: Broker) -> None:
+    # A producer's transaction-check stream: a field's length runs past the message's end.
+    call = lambda: raw_call(broker, "WatchTransactionChecks", b"\n\x01")  # noqa: E731
+    assert_refused(call, INVALID, E.INVALID_ARGUMENT)
+
+
 READ_ONLY = [
     "PullMessage",
     "QueryMessage",
