@@ -74,4 +74,16 @@ def test_a_transactional_send_without_its_group_and_a_send_to_the_half_topic_are
             )
         )
     assert system.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    # A message is transactional or delayed, not both (RocketMQ 5 too): refused, nothing stored.
+    with pytest.raises(grpc.RpcError) as delayed:
+        stub.SendMessage(
+            broker_pb2.SendMessageRequest(
+                producer_group=GROUP,
+                transactional=True,
+                messages=[common_pb2.Message(topic=TOPIC, body=b"later", delay_ms=60_000)],
+            )
+        )
+    assert delayed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    listed = stub.ListTransactions(broker_pb2.ListTransactionsRequest(), timeout=10)
+    assert listed.total == 0
     assert pull_all(stub) == []
