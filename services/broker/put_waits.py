@@ -41,9 +41,11 @@ async def wait_durable(
     if not waits_for_slaves(role, replicating=replication is not None):
         return (durable.result() if durable.done() else await asyncio.wrap_future(durable)), None
     assert replication is not None  # waits_for_slaves: only a broker that replicates waits
-    last = put.results[-1]
+    # The put's end: its results need not be in log order (an idempotent send answers in the
+    # request's order what it put grouped by queue).
+    end = max(r.phy_offset + r.size for r in put.results)
     # Flush and replication run side by side.
-    replicated = replication.replicate(last.phy_offset + last.size)
+    replicated = replication.replicate(end)
     if durable.done():
         return durable.result(), await replicated
     flushed, status = await asyncio.gather(asyncio.wrap_future(durable), replicated)

@@ -90,15 +90,28 @@ def max_offset(b: BrokerProcess) -> int:
     return int(st.store.commitlog_max_offset)
 
 
+def dispatched_offset(b: BrokerProcess) -> int:
+    st = b.stub().GetBrokerStatus(broker_pb2.GetBrokerStatusRequest(), timeout=10)
+    return int(st.store.dispatched_offset)
+
+
 def commitlog(b: BrokerProcess) -> dict[str, bytes]:
     d = b.store_dir / "commitlog"
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
 
+def wait_slave_holds(slave: BrokerProcess, end: int, timeout_s: float = 30) -> None:
+    """The slave stored the CommitLog up to ``end`` and can serve reads of all of it."""
+    wait_until(lambda: max_offset(slave) == end, timeout_s, f"the slave to reach {end}")
+    # A slave reads from its own ConsumeQueue, which it builds after storing the bytes.
+    wait_until(
+        lambda: dispatched_offset(slave) == end, timeout_s, f"the slave to dispatch up to {end}"
+    )
+
+
 def wait_identical(master: BrokerProcess, slave: BrokerProcess, timeout_s: float = 90) -> None:
     """The slave's CommitLog files equal the master's byte for byte (no sends in flight)."""
-    want = max_offset(master)
-    wait_until(lambda: max_offset(slave) == want, timeout_s, f"the slave to reach {want}")
+    wait_slave_holds(slave, max_offset(master), timeout_s)
     mine, theirs = commitlog(master), commitlog(slave)
     assert sorted(theirs) == sorted(mine)
     for name, data in mine.items():

@@ -5,8 +5,6 @@ the CommitLog) and on a slave that takes over."""
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import pytest
 
@@ -22,6 +20,7 @@ pytestmark = pytest.mark.integration
 TOPIC = "orders"
 PID = 0x5EED
 METRICS: list[str] = []
+WAITING = ("tidemq_idempotent_sends_waiting", ())
 
 
 @pytest.fixture(autouse=True)
@@ -140,6 +139,35 @@ def test_a_broker_killed_and_restarted_still_knows_what_it_stored(
     assert stored(b, 1) == 3
 
 
+def test_a_request_spread_over_queues_is_answered_in_its_order_and_known_after_a_kill(
+    start_broker: StartBroker,
+) -> None:
+    """The SDK spreads a batch over the queues message by message; the broker stores it grouped
+    by queue (one stamped run each), answers in the request's order, and a restart rebuilt
+    from the CommitLog alone knows every message of every run."""
+    b = start_broker(store="one")
+    create_topic(b, TOPIC)
+    spread = broker_pb2.SendMessageRequest(
+        producer_id=PID,
+        producer_epoch=1,
+        messages=[
+            common_pb2.Message(topic=TOPIC, body=b"q%d-%d" % (i % 4, i // 4), queue_id=i % 4,
+                               sequence=i // 4)
+            for i in range(20)
+        ],
+    )  # fmt: skip
+    first = send(b, spread)
+    assert [(r.queue_id, r.queue_offset) for r in first] == [(i % 4, i // 4) for i in range(20)]
+    for q in range(4):
+        assert pull_all(b, TOPIC, q, 5) == [b"q%d-%d" % (q, n) for n in range(5)]
+    b.kill()  # before the table's snapshot (every 10 s): rebuilt from the log
+    b = start_broker(store="one", port=int(b.address.rsplit(":", 1)[1]))
+    again = send(b, spread)
+    assert [r.duplicate for r in again] == [True] * 20
+    assert all(same_store(a, r) for a, r in zip(first, again, strict=True))
+    assert [stored(b, q) for q in range(4)] == [5] * 4
+
+
 def test_a_slave_restarted_as_master_answers_retries_of_what_its_master_stored(
     start_broker: StartBroker, nameserver: NameServerProcess
 ) -> None:
@@ -169,7 +197,11 @@ def test_a_request_that_overtook_the_one_before_it_waits_for_it_instead_of_faili
     sequence order, without a SEQUENCE_GAP round trip to the producer."""
     send(broker, request([0]))
     later = broker.stub().SendMessage.future(request([2, 3]), timeout=30)
-    time.sleep(0.05)  # the later request is inside the broker, waiting behind its gap
+    wait_until(
+        lambda: later.done() or scrape(METRICS[0])[WAITING] == 1,
+        10,
+        "the later request to wait inside the broker behind its gap",
+    )
     assert not later.done()
     earlier = send(broker, request([1]))
     assert [r.duplicate for r in earlier] == [False]

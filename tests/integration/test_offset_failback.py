@@ -33,6 +33,7 @@ from tests.integration.replicas import (
     start_slave,
     status,
     topic_names,
+    wait_slave_holds,
 )
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
@@ -105,7 +106,7 @@ def test_offsets_committed_on_the_slave_reach_the_returned_master_and_never_move
     create_topic(master)
     slave = start_slave(start_broker, nameserver)  # config sync every 300 ms
     fill(master, "old", PER_QUEUE)
-    wait_until(lambda: max_offset(slave) == max_offset(master), 30, "the slave to hold it all")
+    wait_slave_holds(slave, max_offset(master))
     end = [PER_QUEUE] * QUEUES
 
     with OffsetWatch("g", "orders", QUEUES) as watch:
@@ -169,7 +170,7 @@ def test_a_commit_its_master_cannot_take_lands_on_the_slave_at_once(
     create_topic(master)
     slave = start_slave(start_broker, nameserver)
     fill(master, "m", 10)
-    wait_until(lambda: max_offset(slave) == max_offset(master), 30, "the slave to hold it all")
+    wait_slave_holds(slave, max_offset(master))
     config = {**FAST, "auto_commit": False, "long_poll_ms": 30_000}
     with tidemq.Consumer(
         nameserver.address, group="g", topic="orders", master_retry_ms=120_000, **config

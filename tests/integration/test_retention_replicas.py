@@ -24,6 +24,7 @@ from tests.integration.replicas import (
     max_offset,
     status,
     topic_names,
+    wait_slave_holds,
 )
 from tests.waiting import wait_until
 from tidemq.protos import broker_pb2, common_pb2
@@ -151,7 +152,7 @@ def test_forced_retention_keeps_the_files_a_stopped_slave_has_not_acknowledged(
 
     slave = start_slave(start_broker, nameserver, f"127.0.0.1:{free_port()}")
     end = max_offset(master)
-    wait_until(lambda: max_offset(slave) == end, 60, f"the slave to catch up to {end}")
+    wait_slave_holds(slave, end, 60)
     assert "resynchronises" not in slave.log()  # it continued where it stopped
     assert sum(len(q) for q in all_queues(slave)) == 1200
     # Acknowledged at last: the floor moves and forced retention goes on.
@@ -169,7 +170,7 @@ def test_slave_behind_the_masters_retention_resynchronises_and_keeps_its_old_sto
     slave = start_slave(start_broker, nameserver, slave_metrics)
     send(master, "old", 300)
     end = max_offset(master)
-    wait_until(lambda: max_offset(slave) == end, 30, f"the slave to reach {end}")
+    wait_slave_holds(slave, end)
     assert slave.terminate() == 0
     old_files = sorted(p.name for p in (tmp_path / "slave" / "commitlog").iterdir())
     send(master, "new", 900)
@@ -185,7 +186,7 @@ def test_slave_behind_the_masters_retention_resynchronises_and_keeps_its_old_sto
     slave = start_slave(start_broker, nameserver, slave_metrics)
     wait_until(lambda: "resynchronises from" in slave.log(), 30, "the slave to resynchronise")
     hi = max_offset(master)
-    wait_until(lambda: max_offset(slave) == hi, 30, f"the slave to reach {hi}")
+    wait_slave_holds(slave, hi)
     assert min_offset(slave) == lo
     assert all_queues(slave) == all_queues(master)
     assert sum(len(q) for q in all_queues(slave)) > 0

@@ -14,7 +14,11 @@ from tidemq.services.broker.idempotence.snapshot import (
     decode_snapshot,
     encode_snapshot,
 )
-from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY, encode_stamp
+from tidemq.services.broker.idempotence.stamp import (
+    PRODUCER_SEQ_PROPERTY,
+    RUN_MEMBER_SYSFLAG,
+    encode_stamp,
+)
 from tidemq.services.broker.idempotence.table import IdempotenceTable, Original
 from tidemq.storage import Message, MessageStore
 from tidemq.storage.config import COMMITLOG_MIN_FILE_SIZE_BYTES, StoreConfig
@@ -26,6 +30,27 @@ SMALL_FILE_BYTES = COMMITLOG_MIN_FILE_SIZE_BYTES
 def stamped(seq: int, pid: int = 7, **props: str) -> Message:
     props[PRODUCER_SEQ_PROPERTY] = encode_stamp(pid, 2, seq)
     return Message(topic="orders", body=b"m%d" % seq, queue_id=1, properties=props)
+
+
+def run(first_seq: int, length: int, pid: int = 7) -> list[Message]:
+    """A run as the send path stores it: the head stamped, the others flagged."""
+    head = Message(
+        topic="orders",
+        body=b"m%d" % first_seq,
+        queue_id=1,
+        properties={PRODUCER_SEQ_PROPERTY: encode_stamp(pid, 2, first_seq, length)},
+    )
+    return [head] + [
+        Message(topic="orders", body=b"m%d" % s, queue_id=1, sys_flag=RUN_MEMBER_SYSFLAG)
+        for s in range(first_seq + 1, first_seq + length)
+    ]
+
+
+def scan_all(store: MessageStore, table: IdempotenceTable) -> LogScan:
+    scan = LogScan(store, table)
+    while scan.catch_up():
+        pass
+    return scan
 
 
 def test_the_scan_records_stamped_records_and_ignores_the_rest(tmp_path: Path) -> None:
@@ -148,3 +173,64 @@ def test_the_scan_follows_the_log_across_files(tmp_path: Path) -> None:
                 pass
             assert scan.caught_up
         assert table.next_seq(7, Q) == seq
+
+
+def test_a_run_stamped_on_its_first_record_is_recorded_whole(tmp_path: Path) -> None:
+    with MessageStore(StoreConfig(root_dir=str(tmp_path))).open() as store:
+        store.put_messages(run(0, 5))
+        store.put_messages(run(5, 3))
+        table = IdempotenceTable(8)
+        scan = scan_all(store, table)
+        assert scan.run is None
+        assert table.next_seq(7, Q) == 8
+        # A retry of any of them is answered from where it is, not stored again.
+        assert table.decide(7, 2, [(Q, 3), (Q, 6), (Q, 8)]) == [
+            Original("orders", 1, 3),
+            Original("orders", 1, 6),
+            None,
+        ]
+
+
+def test_a_run_the_log_holds_part_of_counts_for_that_part_alone(tmp_path: Path) -> None:
+    """A crash mid-put leaves a run's first records: only they are known, and a plain record
+    that follows in the same queue at the next offset is not taken for the rest."""
+    path = str(tmp_path / "idempotence" / "table.json")
+    with MessageStore(StoreConfig(root_dir=str(tmp_path / "store"))).open() as store:
+        store.put_messages(run(0, 6)[:3])
+        table = IdempotenceTable(8)
+        scan = LogScan(store, table, path)
+        scan.catch_up()
+        assert scan.caught_up and scan.run is not None
+        assert scan.snapshot_bytes() is None  # the open run is not a state to keep
+        store.put_messages([Message(topic="orders", body=b"plain", queue_id=1)])
+        scan.catch_up()
+        assert scan.run is None
+        assert table.next_seq(7, Q) == 3
+        assert table.decide(7, 2, [(Q, 2), (Q, 3)]) == [Original("orders", 1, 2), None]
+
+
+def test_a_run_scanned_in_steps_is_recorded_as_its_records_arrive(tmp_path: Path) -> None:
+    """As on a slave, whose log grows as the master's bytes come in."""
+    with MessageStore(StoreConfig(root_dir=str(tmp_path))).open() as store:
+        store.put_messages(run(0, 40))
+        table = IdempotenceTable(8)
+        scan = LogScan(store, table)
+        seen = []
+        while scan.catch_up(256):  # a few records per step
+            seen.append(table.next_seq(7, Q))
+        assert len(seen) > 3 and seen == sorted(seen)
+        assert seen[0] is not None and seen[0] < 40
+        assert table.next_seq(7, Q) == 40
+
+
+def test_a_run_across_a_file_boundary_is_recorded_whole(tmp_path: Path) -> None:
+    cfg = StoreConfig(root_dir=str(tmp_path), commitlog_file_size_bytes=SMALL_FILE_BYTES)
+    with MessageStore(cfg).open() as store:
+        seq = 0
+        while len(store.log.file_base_offsets()) < 2:
+            store.put_messages(run(seq, 50))
+            seq += 50
+        table = IdempotenceTable(8)
+        scan_all(store, table)
+        assert table.next_seq(7, Q) == seq
+        assert table.decide(7, 2, [(Q, seq - 1)]) == [Original("orders", 1, seq - 1)]

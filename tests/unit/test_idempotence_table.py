@@ -136,12 +136,17 @@ def test_the_least_recently_used_producer_is_forgotten_past_the_bound() -> None:
 
 def test_stamp_golden_form_and_round_trip() -> None:
     assert encode_stamp(0x1F, 3, 10) == "1f.3.a"
-    assert decode_stamp("1f.3.a") == (0x1F, 3, 10)
+    assert decode_stamp("1f.3.a") == (0x1F, 3, 10, 1)
+    # A run's head: sequences 10 to 265.
+    assert encode_stamp(0x1F, 3, 10, 256) == "1f.3.a.100"
+    assert decode_stamp("1f.3.a.100") == (0x1F, 3, 10, 256)
     big = (1 << 63) - 1
-    assert decode_stamp(encode_stamp(big, 2**31 - 1, 2**62)) == (big, 2**31 - 1, 2**62)
+    assert decode_stamp(encode_stamp(big, 2**31 - 1, 2**62)) == (big, 2**31 - 1, 2**62, 1)
 
 
-@pytest.mark.parametrize("text", ["", "1.2", "1.2.3.4", "x.1.1", "0.1.1", "1.-1.1"])
+@pytest.mark.parametrize(
+    "text", ["", "1.2", "1.2.3.4.5", "x.1.1", "0.1.1", "1.-1.1", "1.2.3.0", "1.2.3.-4"]
+)
 def test_a_malformed_stamp_is_a_typed_error(text: str) -> None:
     with pytest.raises(StampFormatError):
         decode_stamp(text)

@@ -91,8 +91,10 @@ class SendHandler:
             batch = self._transactions().halves_of(request, batch)
         elif timer is not None and batch:
             delayed = timer.prepare(wire_kept, batch, now_ms())
-        put = self.store.put_messages(batch) if batch else None
-        self.idempotence.after_put(idempotent, batch, put)
+        put_batch = self.idempotence.stamp(idempotent, batch)
+        put = self.store.put_messages(put_batch) if batch else None
+        # From here on put.results is in the batch's order again.
+        self.idempotence.after_put(idempotent, put_batch, put)
         if timer is not None and delayed and put is not None:
             timer.stored(delayed, put)
         work_done()  # what is left is waiting: the connection may run its next request

@@ -20,6 +20,12 @@ class IdempotenceCollector:
             "Idempotent producers whose sequences this broker remembers",
             value=len(s.table),
         )
+        yield GaugeMetricFamily(
+            "tidemq_idempotent_sends_waiting",
+            "Idempotent sends waiting for an earlier send of their producer and queue that they "
+            "overtook inside the broker",
+            value=s.waiting_behind_gaps,
+        )
         for name, doc, value in (
             (
                 "tidemq_idempotent_duplicates",

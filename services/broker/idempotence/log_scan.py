@@ -1,6 +1,8 @@
-"""Builds and follows the idempotence table from the CommitLog: every record stamped with
+"""Builds and follows the idempotence table from the CommitLog: every run stamped with
 PRODUCER_SEQ (``stamp``) is ``record``ed, on masters and slaves alike, so a restarted or
-promoted broker answers retries of what its log holds.
+promoted broker answers retries of what its log holds. A run's head is stamped and its other
+records follow it unstamped; each is recorded when the scan reaches it, so a run the log holds
+only part of (torn by a crash, or still arriving at a slave) counts for what is there.
 
 The master records its own puts as it makes them (``sends``) and moves the scan past them when
 nothing else was appended in between (``skip_own``); the scan reads the rest: replicated bytes
@@ -15,6 +17,7 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from tidemq.services.broker.idempotence.snapshot import (
@@ -24,6 +27,7 @@ from tidemq.services.broker.idempotence.snapshot import (
 )
 from tidemq.services.broker.idempotence.stamp import (
     PRODUCER_SEQ_PROPERTY,
+    RUN_MEMBER_SYSFLAG,
     StampFormatError,
     decode_stamp,
 )
@@ -71,6 +75,20 @@ class Mark(NamedTuple):
     topic: str
 
 
+@dataclass(slots=True)
+class OpenRun:
+    """A stamped run whose records the scan has not all seen yet: each next record of the run
+    is unstamped, flagged RUN_MEMBER_SYSFLAG, in the head's queue, at the next queue offset."""
+
+    producer_id: int
+    epoch: int
+    key: tuple[str, int]
+    next_seq: int
+    stored: tuple[str, int]
+    next_queue_offset: int
+    left: int
+
+
 class LogScan:
     def __init__(
         self, store: MessageStore, table: IdempotenceTable, snapshot_path: str | None = None
@@ -81,6 +99,8 @@ class LogScan:
         self._saved_position = -1
         self.position = -1  # -1: not scanned yet; the first scan starts at the log's start
         self.mark: Mark | None = None
+        # A run cut by the end of what was scanned: a tail still arriving, or torn for good.
+        self.run: OpenRun | None = None
         self.rebuilds = 0
         self.records_scanned = 0
 
@@ -93,6 +113,7 @@ class LogScan:
         if start == self.position:
             self.position = end
             self.mark = last
+            self.run = None  # a run is written whole: one that stopped before a put is torn
 
     def catch_up(self, max_bytes: int | None = None) -> int:
         """Scan from the position towards the log's end (at most ``max_bytes``); returns the
@@ -108,9 +129,11 @@ class LogScan:
             self.table.clear()
             self.position = log_.min_offset
             self.mark = None
+            self.run = None
         if self.position < log_.min_offset:  # retention went past a scan that lagged
             self.position = log_.min_offset
             self.mark = None
+            self.run = None
         end = log_.max_offset
         start = self.position
         if max_bytes is not None and start + max_bytes < end:
@@ -136,8 +159,11 @@ class LogScan:
                         buf_at = at
                     pos = at - buf_at
                     # Most records are not stamped: one C-speed search rules them out.
-                    if buf.find(_STAMP_NAME, pos, pos + size) >= 0:
-                        self._scan_record(buf, pos, info)
+                    stamped = buf.find(_STAMP_NAME, pos, pos + size) >= 0 and self._scan_record(
+                        buf, pos, info
+                    )
+                    if not stamped and self.run is not None:
+                        self._continue_run(info)
                     self.records_scanned += 1
                     self.position = at + size
                     last = (at, info)
@@ -150,6 +176,7 @@ class LogScan:
                     break  # a tail still arriving (or torn): scanned when it is whole
         except OffsetBelowMinError:
             self.position = -1  # retention raced the scan: start again
+            self.run = None
             return 0
         if last is not None:
             at, info = last
@@ -177,11 +204,14 @@ class LogScan:
             return True  # retention took it: what it said is in the table already
         return False
 
-    def _scan_record(self, buf: bytes, pos: int, info: RecordInfo) -> None:
+    def _scan_record(self, buf: bytes, pos: int, info: RecordInfo) -> bool:
+        """Records a run's head; False when the record is not stamped (the name was in its
+        body, not a property)."""
         props = properties_of(buf, pos, info.size, info.topic)
         text = find_property(props, _STAMP) if props is not None else None
         if text is None:
-            return  # the name was in the body, not a property
+            return False
+        self.run = None  # a new run starts: the one open before it was torn
         try:
             stamp = decode_stamp(text.decode())
             key = (info.topic, info.queue_id)
@@ -194,16 +224,48 @@ class LogScan:
             log.error(  # noqa: TRY400 - the reason is the message
                 "record at %d: %s", info.phy_offset, e
             )
+            return True
+        stored = (info.topic, info.queue_id)
+        pid, epoch, seq = stamp.producer_id, stamp.epoch, stamp.sequence
+        # Only the records the log holds count: a torn run's missing tail was never stored.
+        self.table.record(pid, epoch, key, seq, 1, stored, info.queue_offset)
+        if stamp.run_length > 1:
+            self.run = OpenRun(
+                pid, epoch, key, seq + 1, stored, info.queue_offset + 1, stamp.run_length - 1
+            )
+        return True
+
+    def _continue_run(self, info: RecordInfo) -> None:
+        run = self.run
+        assert run is not None
+        if (
+            not info.sys_flag & RUN_MEMBER_SYSFLAG
+            or (info.topic, info.queue_id) != run.stored
+            or info.queue_offset != run.next_queue_offset
+        ):
+            log.warning(
+                "run of producer %#x ends %d records short at %d (a torn put)",
+                run.producer_id,
+                run.left,
+                info.phy_offset,
+            )
+            self.run = None
             return
         self.table.record(
-            stamp.producer_id,
-            stamp.epoch,
-            key,
-            stamp.sequence,
+            run.producer_id,
+            run.epoch,
+            run.key,
+            run.next_seq,
             1,
-            (info.topic, info.queue_id),
+            run.stored,
             info.queue_offset,
         )
+        run.left -= 1
+        if run.left:
+            run.next_seq += 1
+            run.next_queue_offset += 1
+        else:
+            self.run = None
 
     async def catch_up_fully(self) -> None:
         scanned = self.catch_up(SCAN_CHUNK_BYTES)
@@ -273,6 +335,7 @@ class LogScan:
             self.snapshot_path is None
             or not self.caught_up
             or self.mark is None
+            or self.run is not None  # its rest is not in the log yet: not a state to keep
             or self.position == self._saved_position
         ):
             return None

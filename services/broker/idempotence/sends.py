@@ -1,6 +1,7 @@
 """The send path's side of idempotence: before the put, decide per message (store, duplicate,
-or refuse the request) and stamp what is stored; right after the put, in the same loop step,
-record it in the table; at the answer, put the duplicates' first results in their places.
+or refuse the request) and stamp the first record of each run stored (``stamp``); right after
+the put, in the same loop step, record the runs in the table; at the answer, put the
+duplicates' first results in their places.
 
 A duplicate is answered only once its first store is as durable as a new send would be
 (``wait_originals``): the first attempt may still be waiting for its slaves when its retry
@@ -12,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,11 @@ from tidemq.protos import common_pb2
 from tidemq.services.broker.config import BrokerRole
 from tidemq.services.broker.durability import waits_for_slaves
 from tidemq.services.broker.idempotence.log_scan import LogScan, Mark
-from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY, encode_stamp
+from tidemq.services.broker.idempotence.stamp import (
+    PRODUCER_SEQ_PROPERTY,
+    RUN_MEMBER_SYSFLAG,
+    encode_stamp,
+)
 from tidemq.services.broker.idempotence.table import (
     IdempotenceTable,
     Original,
@@ -41,6 +46,9 @@ GAP_WAIT_S = 0.25
 SNAPSHOT_FILE = "idempotence/table.json"  # under the broker's store directory
 
 
+SeqKey = tuple[str, int, int]  # (topic, queue, sequence) as the producer sent it
+
+
 @dataclass(slots=True)
 class SendPlan:
     """One idempotent request's decisions: None stores the message, an Original answers it."""
@@ -48,8 +56,11 @@ class SendPlan:
     producer_id: int
     epoch: int
     decisions: list[Original | None]
-    keys: list[tuple[str, int, int]]  # (topic, queue, seq) of each stored message, in order
+    keys: list[SeqKey]  # of each stored message, in order
     kept: list[int]  # the request's index of each stored message
+    # Set by ``stamp`` when the put's order is not the request's: put position -> batch index.
+    order: list[int] | None = None
+    put_keys: list[SeqKey] | None = None  # ``keys`` in put order
 
     def stored_wire(self, messages: Sequence[Any]) -> list[Any]:
         """The request's messages that are stored, in order (aligned with the put's batch)."""
@@ -66,6 +77,24 @@ def producer_fenced(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, common_pb2.PRODUCER_FENCED, message)
 
 
+def _runs(keys: Sequence[SeqKey], batch: Sequence[Message]) -> Iterator[tuple[int, int]]:
+    """[i, j) of each run of ``batch`` in put order: consecutive sequences of one queue,
+    stored in one queue, back to back, so at consecutive offsets there."""
+    i, n = 0, len(batch)
+    while i < n:
+        topic, qid, seq = keys[i]
+        stored = (batch[i].topic, batch[i].queue_id)
+        j = i + 1
+        while (
+            j < n
+            and keys[j] == (topic, qid, seq + j - i)
+            and (batch[j].topic, batch[j].queue_id) == stored
+        ):
+            j += 1
+        yield i, j
+        i = j
+
+
 class IdempotentSends:
     def __init__(
         self, store: MessageStore, max_producers: int, snapshot_dir: str | None = None
@@ -79,6 +108,7 @@ class IdempotentSends:
         self.duplicates = 0  # messages answered from their first store
         self.gaps = 0
         self.fenced = 0
+        self.waiting_behind_gaps = 0  # requests now waiting for an earlier one (GAP_WAIT_S)
 
     async def before_put(
         self, request: Any, batch: list[Message]
@@ -123,26 +153,54 @@ class IdempotentSends:
                 if left <= 0:
                     self.gaps += 1
                     raise sequence_gap(str(e)) from None
-                await self._next_store(left)
+                self.waiting_behind_gaps += 1
+                try:
+                    await self._next_store(left)
+                finally:
+                    self.waiting_behind_gaps -= 1
             except ProducerFencedError as e:
                 self.fenced += 1
                 raise producer_fenced(str(e)) from None
-        prefix = encode_stamp(pid, epoch, 0)[:-1]  # "id.epoch.": the sequence goes after
         store: list[Message] = []
         keys = []
         kept = []
         for i, (m, ((topic, qid), seq), d) in enumerate(zip(batch, wanted, decisions, strict=True)):
             if d is None:
                 kept.append(i)
-                props = m.properties
-                stamp = f"{prefix}{seq:x}"
-                if type(props) is dict:  # the request's own copy (to_store_message)
-                    props[PRODUCER_SEQ_PROPERTY] = stamp
-                else:
-                    m.properties = {**props, PRODUCER_SEQ_PROPERTY: stamp}
                 store.append(m)
                 keys.append((topic, qid, seq))
         return store, SendPlan(pid, epoch, decisions, keys, kept)
+
+    @staticmethod
+    def stamp(plan: SendPlan | None, batch: list[Message]) -> list[Message]:
+        """``batch`` (as it is put: delayed and half messages already moved to their system
+        queues) in the order to put it, each run's first record stamped and the others flagged.
+
+        A producer's request usually spreads over its queues message by message (round robin):
+        put as sent, every record would be a run of its own, stamped and encoded the costly
+        way. Put grouped by queue (stable: each queue's order is the request's), a request
+        has a run per queue. Nothing orders messages across queues, so nobody can tell."""
+        if plan is None:
+            return batch
+        keys = plan.keys
+        groups = [(m.topic, m.queue_id, k[0], k[1]) for m, k in zip(batch, keys, strict=True)]
+        order = sorted(range(len(batch)), key=groups.__getitem__)
+        if any(i != k for k, i in enumerate(order)):
+            plan.order = order
+            batch = [batch[i] for i in order]
+            keys = plan.put_keys = [keys[i] for i in order]
+        pid, epoch = plan.producer_id, plan.epoch
+        for i, j in _runs(keys, batch):
+            for k in range(i + 1, j):
+                batch[k].sys_flag |= RUN_MEMBER_SYSFLAG
+            head = batch[i]
+            value = encode_stamp(pid, epoch, keys[i][2], j - i)
+            props = head.properties
+            if type(props) is dict:  # the request's own copy (to_store_message)
+                props[PRODUCER_SEQ_PROPERTY] = value
+            else:
+                head.properties = {**props, PRODUCER_SEQ_PROPERTY: value}
+        return batch
 
     async def _next_store(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
@@ -151,7 +209,8 @@ class IdempotentSends:
     def after_put(
         self, plan: SendPlan | None, batch: Sequence[Message], put: PutResult | None
     ) -> None:
-        """Right after the put, in the same loop step: the stored sequences go in the table."""
+        """Right after the put of ``batch`` (as ``stamp`` ordered it), in the same loop step:
+        the stored runs go in the table; ``put.results`` is left in the request's order."""
         if put is None or not put.results:
             return
         if plan is not None:
@@ -161,26 +220,22 @@ class IdempotentSends:
         if plan is not None:
             record = self.table.record
             pid, epoch = plan.producer_id, plan.epoch
-            i, n = 0, len(results)
-            while i < n:  # runs of one queue's consecutive sequences: one record each
-                topic, qid, seq = plan.keys[i]
+            keys = plan.put_keys if plan.put_keys is not None else plan.keys
+            for i, j in _runs(keys, batch[: len(results)]):
+                topic, qid, seq = keys[i]
                 stored = (batch[i].topic, batch[i].queue_id)
-                j = i + 1
-                while (
-                    j < n
-                    and plan.keys[j] == (topic, qid, seq + j - i)
-                    and (batch[j].topic, batch[j].queue_id) == stored
-                    and results[j].queue_offset == results[i].queue_offset + j - i
-                ):
-                    j += 1
                 record(pid, epoch, (topic, qid), seq, j - i, stored, results[i].queue_offset)
-                i = j
         last = results[-1]
         self.scan.skip_own(
             results[0].phy_offset,
             last.phy_offset + last.size,
             Mark(last.phy_offset, last.size, last.queue_offset, batch[-1].topic),
         )
+        if plan is not None and plan.order is not None:
+            in_request_order: list[Any] = [None] * len(results)
+            for k, i in enumerate(plan.order):
+                in_request_order[i] = results[k]
+            put.results = in_request_order
 
     async def wait_originals(
         self, replication: SyncReplication | None, role: BrokerRole

@@ -8,6 +8,7 @@ commit whose op record was lost is recognised at rebuild (``log.TransactionLog.r
 
 from __future__ import annotations
 
+from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
 from tidemq.services.broker.relocate import relocated
 from tidemq.services.broker.transactions.events import HALF_TOPIC
 from tidemq.storage import Message, StoredMessage
@@ -18,7 +19,9 @@ REAL_QID = "REAL_QID"
 PGROUP = "PGROUP"
 TRAN_MSG = "TRAN_MSG"
 TRAN_HALF_OFFSET = "TRAN_HALF_OFFSET"
-_HALF_ONLY = (REAL_TOPIC, REAL_QID, PGROUP, TRAN_MSG, "TAGS", "KEYS")
+# An idempotent half's stamp stays on the half: the table knows the sequence from it, and on a
+# committed copy it would name a run of records that are not there.
+_HALF_ONLY = (REAL_TOPIC, REAL_QID, PGROUP, TRAN_MSG, "TAGS", "KEYS", PRODUCER_SEQ_PROPERTY)
 
 
 def to_half(m: Message, producer_group: str) -> Message:
