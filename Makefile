@@ -9,7 +9,8 @@ RUN_DIR ?= .run
 
 # Compiled through tidemq/protos (a link to protos/) so the stubs import each other as
 # tidemq.protos.<name>_pb2, the name they are installed under.
-PROTOS := $(addprefix tidemq/protos/,common.proto nameserver.proto broker.proto replication.proto)
+PROTOS := $(addprefix tidemq/protos/,common.proto nameserver.proto broker.proto replication.proto \
+	rocketmq/definition.proto rocketmq/service.proto)
 
 .PHONY: venv run test lint typecheck pytest bench soak clean protos verify-protos system-deps
 

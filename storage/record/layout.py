@@ -12,7 +12,7 @@ Every integer is big-endian. With IPv4 hosts and the V1 magic a record is::
      20     8  QUEUEOFFSET          entry number in the ConsumeQueue
      28     8  PHYSICALOFFSET       global CommitLog offset of this record
      36     4  SYSFLAG              0x10 born host v6, 0x20 store host v6, 0x4/0xC prepared/rollback
-                                 (0x800 is the broker's: a record of an idempotent run after its first)
+                                 (0x800: the broker flags an idempotent run's later records)
      40     8  BORNTIMESTAMP        ms, producer clock
      48     8  BORNHOST             4-byte address + int32 port (IPv6: 16 + 4)
      56     8  STORETIMESTAMP       ms, broker clock

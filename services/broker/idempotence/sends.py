@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -61,9 +61,14 @@ class SendPlan:
     # Set by ``stamp`` when the put's order is not the request's: put position -> batch index.
     order: list[int] | None = None
     put_keys: list[SeqKey] | None = None  # ``keys`` in put order
+    # [i, j) put positions of each run: one producer queue's consecutive sequences, stored in
+    # one queue back to back, so at consecutive offsets there.
+    runs: list[tuple[int, int]] = field(default_factory=list)
 
     def stored_wire(self, messages: Sequence[Any]) -> list[Any]:
         """The request's messages that are stored, in order (aligned with the put's batch)."""
+        if len(self.kept) == len(messages):
+            return list(messages)
         return [messages[i] for i in self.kept]
 
 
@@ -75,24 +80,6 @@ def sequence_gap(message: str) -> ServiceError:
 
 def producer_fenced(message: str) -> ServiceError:
     return ServiceError(grpc.StatusCode.FAILED_PRECONDITION, common_pb2.PRODUCER_FENCED, message)
-
-
-def _runs(keys: Sequence[SeqKey], batch: Sequence[Message]) -> Iterator[tuple[int, int]]:
-    """[i, j) of each run of ``batch`` in put order: consecutive sequences of one queue,
-    stored in one queue, back to back, so at consecutive offsets there."""
-    i, n = 0, len(batch)
-    while i < n:
-        topic, qid, seq = keys[i]
-        stored = (batch[i].topic, batch[i].queue_id)
-        j = i + 1
-        while (
-            j < n
-            and keys[j] == (topic, qid, seq + j - i)
-            and (batch[j].topic, batch[j].queue_id) == stored
-        ):
-            j += 1
-        yield i, j
-        i = j
 
 
 class IdempotentSends:
@@ -161,6 +148,9 @@ class IdempotentSends:
             except ProducerFencedError as e:
                 self.fenced += 1
                 raise producer_fenced(str(e)) from None
+        if not any(decisions):  # no duplicate: the common case
+            keys = [(topic, qid, seq) for (topic, qid), seq in wanted]
+            return batch, SendPlan(pid, epoch, decisions, keys, list(range(len(batch))))
         store: list[Message] = []
         keys = []
         kept = []
@@ -183,23 +173,42 @@ class IdempotentSends:
         if plan is None:
             return batch
         keys = plan.keys
-        groups = [(m.topic, m.queue_id, k[0], k[1]) for m, k in zip(batch, keys, strict=True)]
-        order = sorted(range(len(batch)), key=groups.__getitem__)
-        if any(i != k for k, i in enumerate(order)):
-            plan.order = order
-            batch = [batch[i] for i in order]
-            keys = plan.put_keys = [keys[i] for i in order]
-        pid, epoch = plan.producer_id, plan.epoch
-        for i, j in _runs(keys, batch):
-            for k in range(i + 1, j):
-                batch[k].sys_flag |= RUN_MEMBER_SYSFLAG
-            head = batch[i]
-            value = encode_stamp(pid, epoch, keys[i][2], j - i)
-            props = head.properties
-            if type(props) is dict:  # the request's own copy (to_store_message)
-                props[PRODUCER_SEQ_PROPERTY] = value
+        # Indexes by (stored queue, producer's queue): a delayed run shares its stored queue.
+        groups: dict[tuple[str, int, str, int], list[int]] = {}
+        for i, m in enumerate(batch):
+            k = keys[i]
+            g = (m.topic, m.queue_id, k[0], k[1])
+            members = groups.get(g)
+            if members is None:
+                groups[g] = [i]
             else:
-                head.properties = {**props, PRODUCER_SEQ_PROPERTY: value}
+                members.append(i)
+        if len(groups) > 1:
+            order = [i for members in groups.values() for i in members]
+            if order != list(range(len(batch))):
+                plan.order = order
+                batch = [batch[i] for i in order]
+                keys = plan.put_keys = [keys[i] for i in order]
+        pid, epoch = plan.producer_id, plan.epoch
+        runs = plan.runs = []
+        at = 0
+        for members in groups.values():  # in put order: a group's records lie back to back
+            end = at + len(members)
+            while at < end:  # the group's runs: its sequences, split where they skip
+                j = at + 1
+                seq = keys[at][2]
+                while j < end and keys[j][2] == seq + j - at:
+                    batch[j].sys_flag |= RUN_MEMBER_SYSFLAG
+                    j += 1
+                runs.append((at, j))
+                head = batch[at]
+                value = encode_stamp(pid, epoch, seq, j - at)
+                props = head.properties
+                if type(props) is dict:  # the request's own copy (to_store_message)
+                    props[PRODUCER_SEQ_PROPERTY] = value
+                else:
+                    head.properties = {**props, PRODUCER_SEQ_PROPERTY: value}
+                at = j
         return batch
 
     async def _next_store(self, timeout_s: float) -> None:
@@ -221,7 +230,7 @@ class IdempotentSends:
             record = self.table.record
             pid, epoch = plan.producer_id, plan.epoch
             keys = plan.put_keys if plan.put_keys is not None else plan.keys
-            for i, j in _runs(keys, batch[: len(results)]):
+            for i, j in plan.runs:
                 topic, qid, seq = keys[i]
                 stored = (batch[i].topic, batch[i].queue_id)
                 record(pid, epoch, (topic, qid), seq, j - i, stored, results[i].queue_offset)
