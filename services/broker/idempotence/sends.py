@@ -116,11 +116,11 @@ class IdempotentSends:
         if pid < 0 or epoch < 0:
             raise invalid("producer_id must be > 0 and producer_epoch >= 0")
         # Keyed by the queue the producer named (a delayed message is stored elsewhere).
-        wanted = []
-        for w in request.messages:
-            if w.sequence < 0:
-                raise invalid("an idempotent message's sequence must be >= 0")
-            wanted.append(((w.topic, w.queue_id), w.sequence))
+        seqs = [w.sequence for w in request.messages]
+        if min(seqs) < 0:
+            raise invalid("an idempotent message's sequence must be >= 0")
+        # ``batch`` holds the request's topics and queues as plain attributes (cheaper to read).
+        wanted = [((m.topic, m.queue_id), seq) for m, seq in zip(batch, seqs, strict=True)]
         scan = self.scan
         if not scan.caught_up:  # a promoted master's first sends, or others' appends
             await scan.catch_up_fully()
