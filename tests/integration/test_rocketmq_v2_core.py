@@ -5,9 +5,7 @@ refusal is a Status in the body."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -16,7 +14,14 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.integration.receive_cluster import create_topic
-from tests.integration.rocketmq_v2 import V2, message, v2_broker, v2_client
+from tests.integration.rocketmq_v2 import (
+    V2,
+    Stream,
+    message,
+    producer_settings,
+    v2_broker,
+    v2_client,
+)
 from tests.waiting import wait_until
 from tidemq.protos import broker_pb2
 from tidemq.protos.rocketmq import definition_pb2 as v2
@@ -91,49 +96,12 @@ def test_calls_without_a_client_id_are_answered_client_id_required(broker: Broke
         assert r.status.code == v2.CLIENT_ID_REQUIRED
 
 
-class Stream:
-    """One Telemetry stream: commands written from the test, answers read back."""
-
-    def __init__(self, client: V2) -> None:
-        self._out: queue.Queue[service_pb2.TelemetryCommand | None] = queue.Queue()
-        self.answers = client.stub.Telemetry(self._requests(), metadata=client.metadata, timeout=30)
-
-    def _requests(self) -> Iterator[service_pb2.TelemetryCommand]:
-        while (command := self._out.get()) is not None:
-            yield command
-
-    def write(self, command: service_pb2.TelemetryCommand) -> None:
-        self._out.put(command)
-
-    def read(self) -> service_pb2.TelemetryCommand:
-        answer: list[service_pb2.TelemetryCommand] = []
-        reader = threading.Thread(target=lambda: answer.append(next(self.answers)), daemon=True)
-        reader.start()
-        reader.join(10)
-        assert answer, "no telemetry answer within 10 s"
-        return answer[0]
-
-    def close(self) -> list[service_pb2.TelemetryCommand]:
-        """Close our side; what the broker still sent before ending the stream."""
-        self._out.put(None)
-        return list(self.answers)
-
-
-def producer_settings() -> service_pb2.TelemetryCommand:
-    s = v2.Settings(client_type=v2.PRODUCER)
-    s.publishing.topics.add(name=TOPIC)
-    s.publishing.max_body_size = 134_217_728
-    s.publishing.validate_message_type = True
-    s.request_timeout.seconds = 3
-    return service_pb2.TelemetryCommand(settings=s)
-
-
 def test_telemetry_answers_each_settings_with_the_brokers_limits_and_stays_open(
     broker: BrokerProcess,
 ) -> None:
     with v2_client(broker) as client:
         stream = Stream(client)
-        stream.write(producer_settings())
+        stream.write(producer_settings(TOPIC))
         first = stream.read()
         assert first.status.code == v2.OK
         assert first.settings.publishing.max_body_size == 4 << 20  # the store's body limit
@@ -143,7 +111,7 @@ def test_telemetry_answers_each_settings_with_the_brokers_limits_and_stays_open(
         # Still open: heartbeats meanwhile, then the settings again, answered again.
         hb = client.call("Heartbeat", service_pb2.HeartbeatRequest(client_type=v2.PRODUCER))
         assert hb.status.code == v2.OK
-        stream.write(producer_settings())
+        stream.write(producer_settings(TOPIC))
         assert stream.read().status.code == v2.OK
         stream.write(service_pb2.TelemetryCommand(settings=v2.Settings()))
         assert stream.read().status.code == v2.BAD_REQUEST
@@ -172,7 +140,7 @@ def test_a_broker_stopping_ends_open_telemetry_streams_and_exits_in_time(
 ) -> None:
     with v2_client(broker) as client:
         stream = Stream(client)
-        stream.write(producer_settings())
+        stream.write(producer_settings(TOPIC))
         assert stream.read().status.code == v2.OK
         assert broker.terminate() == 0  # raises if SIGTERM is not obeyed in time
 

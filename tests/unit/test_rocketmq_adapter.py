@@ -13,13 +13,16 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from tidemq.protos import broker_pb2, common_pb2, nameserver_pb2
 from tidemq.protos.rocketmq import definition_pb2 as v2
+from tidemq.protos.rocketmq import service_pb2
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import broker_info
 from tidemq.services.broker.groups import GroupSettings
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 from tidemq.services.broker.rocketmq import messages, routes, settings, status
+from tidemq.services.broker.rocketmq.clients import V2Clients
 from tidemq.services.broker.rocketmq.sending import fifo_queue
 from tidemq.services.broker.rocketmq.status import StatusError
+from tidemq.services.broker.rocketmq.transactions import recover_command
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.errors import ServiceError, invalid, not_found
@@ -475,3 +478,55 @@ def test_a_bad_registered_v2_address_is_refused_by_the_nameserver() -> None:
     )
     with pytest.raises(ServiceError, match="rocketmq_address"):
         registration_from_wire(nameserver_pb2.RegisterBrokerRequest(broker=info))
+
+
+# ---------------------------------------------------------------- clients and checks
+
+
+def test_a_check_is_the_command_the_clients_answer() -> None:
+    check = broker_pb2.TransactionCheck(
+        transaction_id="tx1",
+        message=stored(properties={"UNIQ_KEY": "01AB", "TRAN_MSG": "true", "PGROUP": "orders"}),
+        check_number=1,
+    )
+    command = recover_command(check)
+    assert command.status.code == v2.OK
+    recover = command.recover_orphaned_transaction_command
+    assert recover.transaction_id == "tx1"
+    assert recover.message.system_properties.message_id == "01AB"
+    assert recover.message.system_properties.message_type == v2.TRANSACTION
+    assert recover.message.body == b"hello"
+
+
+def test_clients_keep_state_per_id_and_expire_only_without_a_stream() -> None:
+    clients = V2Clients(expiry_ms=1_000)
+    clients.seen("a", 0)
+    streaming = clients.open_stream("b", 0)
+    first_closed = streaming.stream_closed
+    outbox = streaming.outbox
+    assert clients.expire(5_000) == ["a"]
+    assert clients.get("b") is streaming
+    # A newer stream replaces the older one: what fed the old one stops.
+    clients.open_stream("b", 0)
+    assert first_closed.is_set()
+    clients.close_stream(streaming, outbox)  # the old stream ending does not close the new one
+    assert streaming.outbox is not None
+    clients.close_stream(streaming, streaming.outbox)
+    assert streaming.outbox is None and streaming.stream_closed.is_set()
+    assert clients.expire(5_000) == ["b"]
+
+
+def test_only_publishers_with_an_open_stream_are_found_for_a_topic() -> None:
+    clients = V2Clients()
+    producer = clients.open_stream("p", 0)
+    producer.settings = settings.merge(producer_settings("orders").settings, LIMITS, None)
+    idle = clients.seen("q", 0)
+    idle.settings = producer.settings
+    assert [c.client_id for c in clients.publishers_of("orders")] == ["p"]
+    assert list(clients.publishers_of("other")) == []
+
+
+def producer_settings(topic: str) -> service_pb2.TelemetryCommand:
+    s = v2.Settings(client_type=v2.PRODUCER)
+    s.publishing.topics.add(name=topic)
+    return service_pb2.TelemetryCommand(settings=s)

@@ -23,6 +23,7 @@ from tidemq.services.broker.rocketmq.sending import V2Sending
 from tidemq.services.broker.rocketmq.settings import BrokerLimits
 from tidemq.services.broker.rocketmq.status import StatusError, ok, status_of_exception
 from tidemq.services.broker.rocketmq.telemetry import Telemetry
+from tidemq.services.broker.rocketmq.transactions import V2Transactions
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.errors import ServiceError
 from tidemq.storage.clock import now_ms
@@ -76,7 +77,10 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
         self.clients = clients
         self.routes = route_source
         self.stopping = asyncio.Event()
-        self.telemetry = Telemetry(clients, limits, group_settings, self.stopping)
+        self.transactions = V2Transactions(broker.transactions, broker.delayed)
+        self.telemetry = Telemetry(
+            clients, limits, group_settings, self.stopping, self.transactions.watch_checks
+        )
         self.sending = V2Sending(broker.send, limits.max_body_bytes)
         self.receiving = _receiving(broker, clients)
 
@@ -133,6 +137,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         client_id_of(context)
         return await self.sending.send_message(request, context)
+
+    @answers_status(service_pb2.EndTransactionResponse)
+    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        client_id_of(context)
+        return await self.transactions.end(request, context)
+
+    @answers_status(service_pb2.RecallMessageResponse)
+    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        client_id_of(context)
+        return await self.transactions.recall(request, context)
 
     # ------------------------------------------------------------------ consuming (receiving.py)
     async def ReceiveMessage(
