@@ -11,12 +11,13 @@ import functools
 import importlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from tidemq.protos.rocketmq import definition_pb2, service_pb2, service_pb2_grpc
 from tidemq.services.broker.groups import GroupSettings
+from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.rocketmq import routes
 from tidemq.services.broker.rocketmq.clients import V2Clients, client_id_of
 from tidemq.services.broker.rocketmq.sending import V2Sending
@@ -31,26 +32,32 @@ from tidemq.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
 
+# tidemq_rpc_requests_total's method label of a v2 call: "rocketmq.SendMessage", ...
+METRIC_PREFIX = "rocketmq."
+
 C = definition_pb2
-R = TypeVar("R")
+Handler = Callable[..., Awaitable[Any]]
 
 
-def answers_status(
-    response: Callable[..., R],
-) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
-    """A unary RPC whose every failure is answered as ``response(status=...)``."""
+def answers_status(response: Callable[..., Any]) -> Callable[[Handler], Handler]:
+    """A unary RPC whose every failure is answered as ``response(status=...)``, counted by the
+    Code it answered."""
 
-    def decorate(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    def decorate(fn: Handler) -> Handler:
         @functools.wraps(fn)
-        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                return await fn(self, request, context)
+                answer = await fn(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as e:
                 if not isinstance(e, ServiceError | StoreError | StatusError):
                     log.exception("v2 %s failed", fn.__name__)
-                return response(status=status_of_exception(e))
+                answer = response(status=status_of_exception(e))
+            metrics: BrokerMetrics | None = self.metrics
+            if metrics is not None:
+                metrics.rpc(METRIC_PREFIX + fn.__name__, C.Code.Name(answer.status.code))
+            return answer
 
         return wrapper
 
@@ -74,6 +81,7 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
         group_settings: Callable[[str], GroupSettings | None],
     ) -> None:
         self.broker = broker
+        self.metrics = broker.send.metrics
         self.clients = clients
         self.routes = route_source
         self.stopping = asyncio.Event()
