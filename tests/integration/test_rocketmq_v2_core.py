@@ -22,8 +22,9 @@ from tests.integration.rocketmq_v2 import (
     v2_broker,
     v2_client,
 )
+from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
-from tidemq.protos import broker_pb2
+from tidemq.protos import broker_pb2, common_pb2
 from tidemq.protos.rocketmq import definition_pb2 as v2
 from tidemq.protos.rocketmq import service_pb2
 
@@ -242,3 +243,31 @@ def test_offset_rpcs_no_client_calls_are_unimplemented(broker: BrokerProcess) ->
         with pytest.raises(grpc.RpcError) as e:
             list(client.call("PullMessage", service_pb2.PullMessageRequest()))
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_brokers_on_zookeeper_route_every_group_without_a_nameserver(
+    start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    zk = ("--zk", zookeeper.hosts, "--zk-root", zk_root)
+    a = start_broker(*zk, "--broker-name", "broker-a", store="a", rocketmq=True)
+    b = start_broker(*zk, "--broker-name", "broker-b", store="b", rocketmq=True)
+    for broker in (a, b):
+        broker.stub().CreateTopic(
+            broker_pb2.CreateTopicRequest(
+                topic=common_pb2.TopicConfig(
+                    topic=TOPIC, read_queue_nums=2, write_queue_nums=2, perm=6
+                )
+            ),
+            timeout=10,
+        )
+    with v2_client(a) as client:
+
+        def both_groups() -> bool:
+            r = client.query_route(TOPIC)
+            return {q.broker.name for q in r.message_queues} == {"broker-a", "broker-b"}
+
+        wait_until(both_groups, 20, "both broker groups in broker-a's v2 route")
+        queues = client.query_route(TOPIC).message_queues
+    where = {q.broker.name: q.broker.endpoints.addresses[0] for q in queues}
+    endpoints = {name: f"{address.host}:{address.port}" for name, address in where.items()}
+    assert endpoints == {"broker-a": a.rocketmq_address, "broker-b": b.rocketmq_address}
