@@ -271,3 +271,23 @@ def test_brokers_on_zookeeper_route_every_group_without_a_nameserver(
     where = {q.broker.name: q.broker.endpoints.addresses[0] for q in queues}
     endpoints = {name: f"{address.host}:{address.port}" for name, address in where.items()}
     assert endpoints == {"broker-a": a.rocketmq_address, "broker-b": b.rocketmq_address}
+
+
+def test_a_slave_routes_its_group_read_only_and_refuses_sends_as_forbidden(
+    broker: BrokerProcess, nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    slave = v2_broker(start_broker, nameserver, "--role", "SLAVE", "--broker-id", "1", store="s1")
+    with v2_client(slave) as client:
+
+        def slave_routed() -> bool:
+            r = client.query_route(TOPIC)
+            return any(q.broker.id == 1 for q in r.message_queues)
+
+        wait_until(slave_routed, 20, "the slave in the v2 route")
+        queues = client.query_route(TOPIC).message_queues
+        by_broker = {(q.broker.id, q.permission) for q in queues}
+        assert by_broker == {(0, v2.READ_WRITE), (1, v2.READ)}
+        slave_port = {q.broker.endpoints.addresses[0].port for q in queues if q.broker.id == 1}
+        assert slave_port == {int(slave.rocketmq_address.rsplit(":", 1)[1])}
+        refused = client.send(message(TOPIC, b"to a slave"))
+        assert refused.status.code == v2.FORBIDDEN, refused.status
