@@ -168,7 +168,7 @@ class V2Receiving:
             tag_expression=rules.tag_expression(
                 request.filter_expression, request.HasField("filter_expression")
             ),
-            max_messages=rules.batch_size(request.batch_size),
+            max_messages=min(rules.batch_size(request.batch_size), config.max_receive_messages),
             invisible_duration_ms=invisible_ms,
             long_poll_timeout_ms=poll_ms,
             client_id=client_id,
