@@ -54,9 +54,9 @@ _change = inspect.unwrap(ReceiveHandlers.ChangeInvisibleDuration)
 _dead_letter = inspect.unwrap(ReceiveHandlers.DeadLetterMessage)
 
 
-def _resource(r: Any, what: str) -> str:
+def _resource(r: Any, what: str, code: int) -> str:
     if not r.name:
-        raise StatusError(C.BAD_REQUEST, f"{what} is required")
+        raise StatusError(code, f"{what} is required")
     return str(r.name)
 
 
@@ -129,9 +129,9 @@ class V2Receiving:
         """The broker's ReceiveMessageRequest for a v2 one (after the v2 rules), and the
         client's id."""
         config = handlers.service.config
-        group = _resource(request.group, "group")
+        group = _resource(request.group, "group", C.ILLEGAL_CONSUMER_GROUP)
         queue = request.message_queue
-        topic = _resource(queue.topic, "message_queue.topic")
+        topic = _resource(queue.topic, "message_queue.topic", C.ILLEGAL_TOPIC)
         if not rules.is_own_broker(queue.broker.name, config.broker_name):
             raise StatusError(
                 C.BAD_REQUEST,
@@ -196,8 +196,8 @@ class V2Receiving:
         try:
             client_id_of(context)
             handlers = self._handlers()
-            group = _resource(request.group, "group")
-            topic = _resource(request.topic, "topic")
+            group = _resource(request.group, "group", C.ILLEGAL_CONSUMER_GROUP)
+            topic = _resource(request.topic, "topic", C.ILLEGAL_TOPIC)
             entries = list(request.entries)
             if not entries:
                 raise StatusError(C.BAD_REQUEST, "at least one entry is required")
@@ -245,8 +245,8 @@ class V2Receiving:
             client_id_of(context)
             handlers = self._handlers()
             config = handlers.service.config
-            group = _resource(request.group, "group")
-            topic = _resource(request.topic, "topic")
+            group = _resource(request.group, "group", C.ILLEGAL_CONSUMER_GROUP)
+            topic = _resource(request.topic, "topic", C.ILLEGAL_TOPIC)
             if not request.receipt_handle:
                 raise StatusError(C.INVALID_RECEIPT_HANDLE, "receipt_handle is required")
             ms = rules.change_invisible_ms(
@@ -276,8 +276,8 @@ class V2Receiving:
         try:
             client_id_of(context)
             handlers = self._handlers()
-            group = _resource(request.group, "group")
-            topic = _resource(request.topic, "topic")
+            group = _resource(request.group, "group", C.ILLEGAL_CONSUMER_GROUP)
+            topic = _resource(request.topic, "topic", C.ILLEGAL_TOPIC)
             if not request.receipt_handle:
                 raise StatusError(C.INVALID_RECEIPT_HANDLE, "receipt_handle is required")
             handle = await self.renewal.current(request.receipt_handle)
@@ -305,6 +305,8 @@ class V2Receiving:
 
     async def _renew(self, group: str, topic: str, handle: str, ms: int) -> tuple[str, int]:
         handlers = self._handlers()
+        config = handlers.service.config
+        ms = min(max(ms, config.receive_min_invisible_ms), config.receive_max_invisible_ms)
         new, until = await handlers.settle.change_invisible_duration(group, topic, handle, ms)
         return new, until
 
