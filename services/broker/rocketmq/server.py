@@ -116,6 +116,7 @@ class RocketMQListener:
 
     async def stop(self, grace_s: float) -> None:
         await self.server.stop(grace_s)
+        await self.servicer.close()
         await self.routes.stop()
 
     def expire(self, now_ms: int) -> list[str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -20,6 +19,7 @@ from tidemq.services.broker.groups import GroupSettings
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.rocketmq import routes
 from tidemq.services.broker.rocketmq.clients import V2Clients, client_id_of
+from tidemq.services.broker.rocketmq.receiving import V2Receiving
 from tidemq.services.broker.rocketmq.sending import V2Sending
 from tidemq.services.broker.rocketmq.settings import BrokerLimits
 from tidemq.services.broker.rocketmq.status import StatusError, ok, status_of_exception
@@ -90,11 +90,15 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
             clients, limits, group_settings, self.stopping, self.transactions.watch_checks
         )
         self.sending = V2Sending(broker.send, limits.max_body_bytes)
-        self.receiving = _receiving(broker, clients)
+        self.receiving = V2Receiving(broker, clients)
 
     def stop(self) -> None:
         """Shutdown: every Telemetry stream ends."""
         self.stopping.set()
+
+    async def close(self) -> None:
+        """After the listener stopped: auto-renewal of received messages ends."""
+        await self.receiving.close()
 
     # ------------------------------------------------------------------ routes and clients
     @answers_status(service_pb2.QueryRouteResponse)
@@ -160,31 +164,18 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
     async def ReceiveMessage(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
-        if self.receiving is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ReceiveMessage is not served yet")
         async for response in self.receiving.receive(request, context):
             yield response
 
     async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if self.receiving is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "AckMessage is not served yet")
         return await self.receiving.ack(request, context)
 
     async def ChangeInvisibleDuration(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if self.receiving is None:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED, "ChangeInvisibleDuration is not served yet"
-            )
         return await self.receiving.change_invisible_duration(request, context)
 
     async def ForwardMessageToDeadLetterQueue(
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> Any:
-        if self.receiving is None:
-            await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "ForwardMessageToDeadLetterQueue is not served yet",
-            )
         return await self.receiving.forward_to_dead_letter_queue(request, context)
 
     # ------------------------------------------------------------------ not served
@@ -208,12 +199,3 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
             grpc.StatusCode.UNIMPLEMENTED,
             "SyncLiteSubscription is not served: lite topics are not supported",
         )
-
-
-def _receiving(broker: BrokerServicer, clients: V2Clients) -> Any:
-    """Receive, ack, change and dead-letter (``receiving.py``), when this build has it."""
-    try:
-        receiving = importlib.import_module("tidemq.services.broker.rocketmq.receiving")
-    except ModuleNotFoundError:
-        return None
-    return receiving.V2Receiving(broker, clients)
