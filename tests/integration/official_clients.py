@@ -27,10 +27,11 @@ from tests.integration.conftest import (
 )
 from tests.integration.receive_sdk_helpers import _receive_n
 from tests.integration.test_sdk import _routable, broker_flags
-from tests.interop.clients import Event, OfficialClient, Program, Programs
+from tests.interop.clients import ROOT, Event, OfficialClient, Program, Programs
 from tests.waiting import wait_until
 
 QUEUES = 2
+EXAMPLES = ROOT / "docs" / "examples"
 # A transaction left open is checked after 2 s (a commit or rollback sent at once is never
 # raced by a check), then every 500 ms.
 TRANSACTION_CHECKS = ("--transaction-timeout-ms", "2000", "--transaction-check-interval-ms", "500")
@@ -307,3 +308,17 @@ def tidemq_producer_to_official_consumer(v2: V2Cluster, programs: Programs) -> N
     )  # fmt: skip
     assert (m["delivery_attempt"], m["corrupted"]) == (1, False)
     assert [a["message_id"] for a in of(events, "acked")] == [r.msg_id]
+
+
+def docs_example(v2: V2Cluster, programs: Programs, example: str) -> None:
+    """The example of docs/rocketmq-clients.md runs as printed, against the topic it names."""
+    with tidemq.Admin(v2.nameserver.address) as admin:
+        admin.create_topic("example-orders", queues=QUEUES)
+    lines = programs.run_script(EXAMPLES / example, v2.endpoints)
+    sent = [line.split()[1] for line in lines if line.startswith("sent ")]
+    received = [line for line in lines if line.startswith("received ")]
+    assert len(sent) == len(received) == 1, lines
+    assert received[0].split()[1:3] == [sent[0], "created"], received
+    assert "order-1" in received[0]
+    assert "source" in received[0]
+    assert "hello from the official" in received[0]

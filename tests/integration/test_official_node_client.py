@@ -82,3 +82,7 @@ def test_a_message_sent_by_tidemqs_sdk_is_received_by_the_official_client(
     v2: V2Cluster, programs: Programs
 ) -> None:
     scenario.tidemq_producer_to_official_consumer(v2, programs)
+
+
+def test_the_docs_example_sends_and_receives(v2: V2Cluster, programs: Programs) -> None:
+    scenario.docs_example(v2, programs, "official_node_client.js")

@@ -47,6 +47,13 @@ class OfficialClient:
             raise AssertionError(f"{NODE_DIR}/node_modules is missing: run `make interop-deps`")
         return ["node", str(NODE_DIR / f"{program}.js"), text]
 
+    def script_command(self, script: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+        """How a user's script (the docs' examples) runs with this client, and its environment
+        additions (Node finds the client through NODE_PATH)."""
+        if self.name == "python":
+            return [str(ROCKETMQ_PYTHON), str(script), *args], {}
+        return ["node", str(script), *args], {"NODE_PATH": str(NODE_DIR / "node_modules")}
+
 
 PYTHON = OfficialClient("python", "rocketmq-python-client 5.1.2", "logs/rocketmq_python/*.log")
 NODE = OfficialClient("node", "rocketmq-client-nodejs 1.0.8", "logs/rocketmq/*.log")
@@ -56,7 +63,14 @@ class Program:
     """A running client program: its events so far (a reader thread parses stdout), and its
     stderr in a file."""
 
-    def __init__(self, client: OfficialClient, program: str, plan: dict[str, Any], home: Path):
+    def __init__(
+        self,
+        client: OfficialClient,
+        program: str,
+        command: list[str],
+        home: Path,
+        env: dict[str, str] | None = None,
+    ):
         self.client, self.program, self.home = client, program, home
         home.mkdir(parents=True, exist_ok=True)
         self.stderr_path = home / f"{program}.stderr"
@@ -64,13 +78,13 @@ class Program:
         self.noise: list[str] = []
         self._lock = threading.Lock()
         # Its own HOME: the clients log to ~/logs, which we show on failure.
-        env = {**os.environ, "HOME": str(home)}
-        env.pop("PYTHONPATH", None)
+        environ = {**os.environ, "HOME": str(home), **(env or {})}
+        environ.pop("PYTHONPATH", None)
         with self.stderr_path.open("wb") as stderr:
             self.proc = subprocess.Popen(
-                client.command(program, plan),
+                command,
                 cwd=ROOT,
-                env=env,
+                env=environ,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
@@ -121,9 +135,14 @@ class Program:
                 raise AssertionError(f"no {what} after {timeout_s}s:\n{self.diagnostics()}")
             time.sleep(0.02)
 
-    def finish(self, timeout_s: float = PROGRAM_TIMEOUT_S) -> list[Event]:
+    def lines(self) -> list[str]:
+        """What it printed that is not one of our JSON events (a user's script's output)."""
+        with self._lock:
+            return list(self.noise)
+
+    def finish(self, timeout_s: float = PROGRAM_TIMEOUT_S, done: bool = True) -> list[Event]:
         """Closes its stdin (a program that stays then shuts its client down), waits for it to
-        end with exit 0 and ``done``, and returns every event."""
+        end with exit 0 (and ``done`` if asked), and returns every event."""
         assert self.proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):  # it had ended; its exit code says how
             self.proc.stdin.close()
@@ -135,7 +154,7 @@ class Program:
                 f"still running after {timeout_s}s:\n{self.diagnostics()}"
             ) from None
         self._reader.join(5)
-        if code != 0 or not self.of("done"):
+        if code != 0 or (done and not self.of("done")):
             raise AssertionError(f"failed:\n{self.diagnostics()}")
         with self._lock:
             return list(self.events)
@@ -155,9 +174,23 @@ class Programs:
         self.started: list[Program] = []
 
     def start(self, program: str, plan: dict[str, Any]) -> Program:
-        p = Program(self.client, program, plan, self.tmp / f"{program}-{len(self.started)}")
+        command = self.client.command(program, plan)
+        p = Program(self.client, program, command, self.tmp / f"{program}-{len(self.started)}")
         self.started.append(p)
         return p
+
+    def run_script(
+        self, script: Path, *args: str, timeout_s: float = PROGRAM_TIMEOUT_S
+    ) -> list[str]:
+        """Runs a user's script with this client to its end (exit 0); returns its stdout lines."""
+        command, env = self.client.script_command(script, *args)
+        p = Program(
+            self.client, script.name, command, self.tmp / f"script-{len(self.started)}", env
+        )
+        self.started.append(p)
+        p.wait_for("its end", lambda p: p.proc.poll() is not None, timeout_s)
+        p.finish(timeout_s, done=False)
+        return p.lines()
 
     def run(
         self, program: str, plan: dict[str, Any], timeout_s: float = PROGRAM_TIMEOUT_S
