@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidemq.protos import common_pb2 as tidemq_dot_protos_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etidemq/protos/nameserver.proto\x12\ttidemq.v1\x1a\x1atidemq/protos/common.proto\"f\n\x15RegisterBrokerRequest\x12%\n\x06\x62roker\x18\x01 \x01(\x0b\x32\x15.tidemq.v1.BrokerInfo\x12&\n\x06topics\x18\x02 \x03(\x0b\x32\x16.tidemq.v1.TopicConfig\"K\n\x16RegisterBrokerResponse\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x19\n\x11master_ha_address\x18\x02 \x01(\t\"W\n\x17UnregisterBrokerRequest\x12+\n\x08identity\x18\x01 \x01(\x0b\x32\x19.tidemq.v1.BrokerIdentity\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x1a\n\x18UnregisterBrokerResponse\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"a\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"\x9e\x02\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x37\n\taddresses\x18\x03 \x03(\x0b\x32$.tidemq.v1.BrokerData.AddressesEntry\x12<\n\x0cha_addresses\x18\x04 \x03(\x0b\x32&.tidemq.v1.BrokerData.HaAddressesEntry\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x1a\x30\n\x0e\x41\x64\x64ressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10HaAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"q\n\x12QueryRouteResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12$\n\x06queues\x18\x02 \x03(\x0b\x32\x14.tidemq.v1.QueueData\x12&\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x15.tidemq.v1.BrokerData\"\x17\n\x15GetClusterInfoRequest\"_\n\x0e\x42rokerLiveInfo\x12%\n\x06\x62roker\x18\x01 \x01(\x0b\x32\x15.tidemq.v1.BrokerInfo\x12\x16\n\x0elast_update_ms\x18\x02 \x01(\x03\x12\x0e\n\x06topics\x18\x03 \x01(\x05\"q\n\x0b\x43lusterData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12%\n\x06groups\x18\x02 \x03(\x0b\x32\x15.tidemq.v1.BrokerData\x12*\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x19.tidemq.v1.BrokerLiveInfo\"B\n\x16GetClusterInfoResponse\x12(\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x16.tidemq.v1.ClusterData\"\x12\n\x10GetStatusRequest\"m\n\x11GetStatusResponse\x12\x10\n\x08registry\x18\x01 \x01(\t\x12\r\n\x05stale\x18\x02 \x01(\x08\x12\x16\n\x0elast_update_ms\x18\x03 \x01(\x03\x12\x0f\n\x07\x62rokers\x18\x04 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t2\xaa\x03\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .tidemq.v1.RegisterBrokerRequest\x1a!.tidemq.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".tidemq.v1.UnregisterBrokerRequest\x1a#.tidemq.v1.UnregisterBrokerResponse\x12I\n\nQueryRoute\x12\x1c.tidemq.v1.QueryRouteRequest\x1a\x1d.tidemq.v1.QueryRouteResponse\x12U\n\x0eGetClusterInfo\x12 .tidemq.v1.GetClusterInfoRequest\x1a!.tidemq.v1.GetClusterInfoResponse\x12\x46\n\tGetStatus\x12\x1b.tidemq.v1.GetStatusRequest\x1a\x1c.tidemq.v1.GetStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1etidemq/protos/nameserver.proto\x12\ttidemq.v1\x1a\x1atidemq/protos/common.proto\"f\n\x15RegisterBrokerRequest\x12%\n\x06\x62roker\x18\x01 \x01(\x0b\x32\x15.tidemq.v1.BrokerInfo\x12&\n\x06topics\x18\x02 \x03(\x0b\x32\x16.tidemq.v1.TopicConfig\"K\n\x16RegisterBrokerResponse\x12\x16\n\x0emaster_address\x18\x01 \x01(\t\x12\x19\n\x11master_ha_address\x18\x02 \x01(\t\"W\n\x17UnregisterBrokerRequest\x12+\n\x08identity\x18\x01 \x01(\x0b\x32\x19.tidemq.v1.BrokerIdentity\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x1a\n\x18UnregisterBrokerResponse\"\"\n\x11QueryRouteRequest\x12\r\n\x05topic\x18\x01 \x01(\t\"a\n\tQueueData\x12\x13\n\x0b\x62roker_name\x18\x01 \x01(\t\x12\x17\n\x0fread_queue_nums\x18\x02 \x01(\x05\x12\x18\n\x10write_queue_nums\x18\x03 \x01(\x05\x12\x0c\n\x04perm\x18\x04 \x01(\x05\"\xa2\x03\n\nBrokerData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x13\n\x0b\x62roker_name\x18\x02 \x01(\t\x12\x37\n\taddresses\x18\x03 \x03(\x0b\x32$.tidemq.v1.BrokerData.AddressesEntry\x12<\n\x0cha_addresses\x18\x04 \x03(\x0b\x32&.tidemq.v1.BrokerData.HaAddressesEntry\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12H\n\x12rocketmq_addresses\x18\x06 \x03(\x0b\x32,.tidemq.v1.BrokerData.RocketmqAddressesEntry\x1a\x30\n\x0e\x41\x64\x64ressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x32\n\x10HaAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x38\n\x16RocketmqAddressesEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"q\n\x12QueryRouteResponse\x12\r\n\x05topic\x18\x01 \x01(\t\x12$\n\x06queues\x18\x02 \x03(\x0b\x32\x14.tidemq.v1.QueueData\x12&\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x15.tidemq.v1.BrokerData\"\x17\n\x15GetClusterInfoRequest\"_\n\x0e\x42rokerLiveInfo\x12%\n\x06\x62roker\x18\x01 \x01(\x0b\x32\x15.tidemq.v1.BrokerInfo\x12\x16\n\x0elast_update_ms\x18\x02 \x01(\x03\x12\x0e\n\x06topics\x18\x03 \x01(\x05\"q\n\x0b\x43lusterData\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12%\n\x06groups\x18\x02 \x03(\x0b\x32\x15.tidemq.v1.BrokerData\x12*\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x19.tidemq.v1.BrokerLiveInfo\"B\n\x16GetClusterInfoResponse\x12(\n\x08\x63lusters\x18\x01 \x03(\x0b\x32\x16.tidemq.v1.ClusterData\"\x12\n\x10GetStatusRequest\"m\n\x11GetStatusResponse\x12\x10\n\x08registry\x18\x01 \x01(\t\x12\r\n\x05stale\x18\x02 \x01(\x08\x12\x16\n\x0elast_update_ms\x18\x03 \x01(\x03\x12\x0f\n\x07\x62rokers\x18\x04 \x01(\x05\x12\x0e\n\x06\x64\x65tail\x18\x05 \x01(\t2\xaa\x03\n\nNameServer\x12U\n\x0eRegisterBroker\x12 .tidemq.v1.RegisterBrokerRequest\x1a!.tidemq.v1.RegisterBrokerResponse\x12[\n\x10UnregisterBroker\x12\".tidemq.v1.UnregisterBrokerRequest\x1a#.tidemq.v1.UnregisterBrokerResponse\x12I\n\nQueryRoute\x12\x1c.tidemq.v1.QueryRouteRequest\x1a\x1d.tidemq.v1.QueryRouteResponse\x12U\n\x0eGetClusterInfo\x12 .tidemq.v1.GetClusterInfoRequest\x1a!.tidemq.v1.GetClusterInfoResponse\x12\x46\n\tGetStatus\x12\x1b.tidemq.v1.GetStatusRequest\x1a\x1c.tidemq.v1.GetStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BROKERDATA_ADDRESSESENTRY']._serialized_options = b'8\001'
   _globals['_BROKERDATA_HAADDRESSESENTRY']._loaded_options = None
   _globals['_BROKERDATA_HAADDRESSESENTRY']._serialized_options = b'8\001'
+  _globals['_BROKERDATA_ROCKETMQADDRESSESENTRY']._loaded_options = None
+  _globals['_BROKERDATA_ROCKETMQADDRESSESENTRY']._serialized_options = b'8\001'
   _globals['_REGISTERBROKERREQUEST']._serialized_start=73
   _globals['_REGISTERBROKERREQUEST']._serialized_end=175
   _globals['_REGISTERBROKERRESPONSE']._serialized_start=177
@@ -49,25 +51,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_QUEUEDATA']._serialized_start=407
   _globals['_QUEUEDATA']._serialized_end=504
   _globals['_BROKERDATA']._serialized_start=507
-  _globals['_BROKERDATA']._serialized_end=793
-  _globals['_BROKERDATA_ADDRESSESENTRY']._serialized_start=693
-  _globals['_BROKERDATA_ADDRESSESENTRY']._serialized_end=741
-  _globals['_BROKERDATA_HAADDRESSESENTRY']._serialized_start=743
-  _globals['_BROKERDATA_HAADDRESSESENTRY']._serialized_end=793
-  _globals['_QUERYROUTERESPONSE']._serialized_start=795
-  _globals['_QUERYROUTERESPONSE']._serialized_end=908
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=910
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=933
-  _globals['_BROKERLIVEINFO']._serialized_start=935
-  _globals['_BROKERLIVEINFO']._serialized_end=1030
-  _globals['_CLUSTERDATA']._serialized_start=1032
-  _globals['_CLUSTERDATA']._serialized_end=1145
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1147
-  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1213
-  _globals['_GETSTATUSREQUEST']._serialized_start=1215
-  _globals['_GETSTATUSREQUEST']._serialized_end=1233
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1235
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1344
-  _globals['_NAMESERVER']._serialized_start=1347
-  _globals['_NAMESERVER']._serialized_end=1773
+  _globals['_BROKERDATA']._serialized_end=925
+  _globals['_BROKERDATA_ADDRESSESENTRY']._serialized_start=767
+  _globals['_BROKERDATA_ADDRESSESENTRY']._serialized_end=815
+  _globals['_BROKERDATA_HAADDRESSESENTRY']._serialized_start=817
+  _globals['_BROKERDATA_HAADDRESSESENTRY']._serialized_end=867
+  _globals['_BROKERDATA_ROCKETMQADDRESSESENTRY']._serialized_start=869
+  _globals['_BROKERDATA_ROCKETMQADDRESSESENTRY']._serialized_end=925
+  _globals['_QUERYROUTERESPONSE']._serialized_start=927
+  _globals['_QUERYROUTERESPONSE']._serialized_end=1040
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1042
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1065
+  _globals['_BROKERLIVEINFO']._serialized_start=1067
+  _globals['_BROKERLIVEINFO']._serialized_end=1162
+  _globals['_CLUSTERDATA']._serialized_start=1164
+  _globals['_CLUSTERDATA']._serialized_end=1277
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_start=1279
+  _globals['_GETCLUSTERINFORESPONSE']._serialized_end=1345
+  _globals['_GETSTATUSREQUEST']._serialized_start=1347
+  _globals['_GETSTATUSREQUEST']._serialized_end=1365
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1367
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1476
+  _globals['_NAMESERVER']._serialized_start=1479
+  _globals['_NAMESERVER']._serialized_end=1905
 # @@protoc_insertion_point(module_scope)

@@ -34,6 +34,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "--metrics-listen", help="HOST:PORT to serve Prometheus /metrics on (default: none)"
     )
     p.add_argument(
+        "--rocketmq-listen",
+        help="HOST:PORT serving the RocketMQ 5 protocol of the official clients (default: none)",
+    )
+    p.add_argument(
+        "--rocketmq-advertise",
+        help="HOST:PORT routes name for the RocketMQ 5 listener (default --rocketmq-listen)",
+    )
+    p.add_argument(
         "--max-pull-response-bytes",
         type=int,
         metavar="N",
@@ -295,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
         "zk_root",
         "zk_session_timeout_ms",
         "metrics_listen",
+        "rocketmq_listen",
+        "rocketmq_advertise",
         "config_sync_interval_ms",
         "failover",
         "election_priority",

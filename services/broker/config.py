@@ -64,6 +64,10 @@ class BrokerConfig:
     shutdown_grace_ms: int = 5_000
     # HOST:PORT of the Prometheus /metrics endpoint; empty serves none.
     metrics_listen: str = ""
+    # HOST:PORT of the RocketMQ 5 protocol (apache.rocketmq.v2.MessagingService) the official
+    # clients speak; empty serves none. The address routes name defaults to it.
+    rocketmq_listen: str = ""
+    rocketmq_advertise: str = ""
     # ZooKeeper registry: HOST:PORT[,HOST:PORT...][/chroot]. Set, the broker keeps an ephemeral
     # znode under <zk_root> (beside heartbeats to ``nameservers``, if any); empty, heartbeats only.
     zk_hosts: str = ""
@@ -139,6 +143,10 @@ class BrokerConfig:
             problems.append("broker_id 0 is the master; a SLAVE needs broker_id > 0")
         addresses = [("listen", self.listen), ("advertise", self.advertise)]
         addresses.append(("metrics_listen", self.metrics_listen))
+        addresses.append(("rocketmq_listen", self.rocketmq_listen))
+        addresses.append(("rocketmq_advertise", self.rocketmq_advertise))
+        if self.rocketmq_advertise and not self.rocketmq_listen:
+            problems.append("rocketmq_advertise needs rocketmq_listen")
         addresses += [("nameserver", n) for n in self.nameservers]
         for what, value in addresses:
             if value and not _is_address(value):
@@ -238,6 +246,11 @@ class BrokerConfig:
     @property
     def advertised(self) -> str:
         return self.advertise or self.listen
+
+    @property
+    def rocketmq_advertised(self) -> str:
+        """The v2 address routes name: "" when the broker serves no v2 listener."""
+        return self.rocketmq_advertise or self.rocketmq_listen
 
 
 def _is_address(value: str) -> bool:

@@ -129,6 +129,7 @@ def broker_info(config: BrokerConfig, topics: TopicManager, role: RoleState) -> 
         address=config.advertised,
         # Masters serve replication on the Broker service's own port; slaves serve none.
         ha_address=config.advertised if role.is_master else "",
+        rocketmq_address=config.rocketmq_advertised,
         role=common_pb2.BrokerRole.Value(role.role.value),
         epoch=role.epoch,
         data_version=common_pb2.DataVersion(

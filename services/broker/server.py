@@ -41,6 +41,7 @@ from tidemq.services.broker.replication import (
     status_proto,
 )
 from tidemq.services.broker.retention import wire_retention_floors
+from tidemq.services.broker.rocketmq.server import RocketMQListener
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.store_failure import StepAside
@@ -105,6 +106,7 @@ class Broker:
         self.clients = ClientRegistry(expiry_ms=config.client_expiry_ms)
         self.server: grpc.aio.Server | None = None
         self.servicer: BrokerServicer | None = None
+        self.rocketmq: RocketMQListener | None = None
         self.health: health.aio.HealthServicer | None = None
         self.replication: TypedReplicationServicer | None = None
         self.slave: SlaveClient | None = None
@@ -228,6 +230,16 @@ class Broker:
         self.bound_port = self.server.add_insecure_port(self.config.listen)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.listen}")
+        if cfg.rocketmq_listen:
+            self.rocketmq = RocketMQListener(
+                cfg,
+                self.servicer,
+                self.topics,
+                self.groups,
+                self.role,
+                self.store.config.max_message_body_bytes or self.config.max_request_bytes,
+            )
+            await self.rocketmq.start()
         if self.metrics is not None:
             port = self.metrics.serve(self.config.metrics_listen)
             log.info("metrics on http://%s/metrics (port %d)", self.config.metrics_listen, port)
@@ -287,6 +299,8 @@ class Broker:
 
     async def _expire_clients(self) -> None:
         gone = self.clients.expire(now_ms())
+        if self.rocketmq is not None:
+            gone += self.rocketmq.expire(now_ms())
         if gone:
             log.info("clients expired: %s", gone)
 
@@ -304,6 +318,8 @@ class Broker:
             await self.health.enter_graceful_shutdown()
         if self.servicer is not None:
             self.servicer.stop_accepting()
+        if self.rocketmq is not None:
+            self.rocketmq.stop_accepting()
         if self.failover is not None:
             # Before the ZooKeeper session closes: a master stops acknowledging first.
             await self.failover.stop()
@@ -321,8 +337,11 @@ class Broker:
                 break
             for t in pending:
                 log.warning("stopping: still waiting for %s: %s", t.get_name(), t.get_stack())
+        grace_s = self.config.shutdown_grace_ms / 1000
+        if self.rocketmq is not None:
+            await self.rocketmq.stop(grace_s)
         if self.server is not None:
-            await self.server.stop(self.config.shutdown_grace_ms / 1000)
+            await self.server.stop(grace_s)
         await self.registration.unregister_all()
         loop = asyncio.get_running_loop()
         if self.metrics is not None:
@@ -345,5 +364,7 @@ async def serve(config: BrokerConfig) -> None:
     # collection no longer walks it (under load that took 10-30 ms, every call waiting).
     gc.freeze()
     print(f"tidemq broker {config.broker_name} listening on {config.listen}", flush=True)
+    if config.rocketmq_listen:
+        print(f"RocketMQ 5 protocol (official clients) on {config.rocketmq_listen}", flush=True)
     await stop.wait()
     await broker.stop()

@@ -53,6 +53,8 @@ class BrokerRegistration:
     epoch: int
     data_version: DataVersion = DataVersion()
     topics: tuple[TopicQueues, ...] = ()
+    # host:port of the broker's RocketMQ 5 (apache.rocketmq.v2) listener; "" when none.
+    rocketmq_address: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ class BrokerData:
     addresses: dict[int, str]  # broker id -> Broker service address; 0 is the master
     ha_addresses: dict[int, str]  # broker id -> replication address (only brokers that have one)
     epoch: int
+    # broker id -> RocketMQ 5 (v2) address (only brokers that serve one)
+    rocketmq_addresses: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -348,16 +352,20 @@ class RouteTable:
 
     def _broker_data(self, group: _Group) -> BrokerData:
         ha = {}
+        v2 = {}
         for broker_id, address in group.members.items():
-            ha_address = self._live[address].registration.ha_address
-            if ha_address:
-                ha[broker_id] = ha_address
+            registration = self._live[address].registration
+            if registration.ha_address:
+                ha[broker_id] = registration.ha_address
+            if registration.rocketmq_address:
+                v2[broker_id] = registration.rocketmq_address
         return BrokerData(
             cluster=group.cluster,
             broker_name=group.broker_name,
             addresses=dict(sorted(group.members.items())),
             ha_addresses=dict(sorted(ha.items())),
             epoch=group.epoch,
+            rocketmq_addresses=dict(sorted(v2.items())),
         )
 
 

@@ -131,6 +131,9 @@ def registration_from_wire(request: Any) -> BrokerRegistration:
     broker_id = _broker_id(info.identity.broker_id)
     address = _address("broker.address", info.address)
     ha_address = _address("broker.ha_address", info.ha_address) if info.ha_address else ""
+    rocketmq_address = (
+        _address("broker.rocketmq_address", info.rocketmq_address) if info.rocketmq_address else ""
+    )
     try:
         role = BrokerRole(info.role)
     except ValueError:
@@ -158,6 +161,7 @@ def registration_from_wire(request: Any) -> BrokerRegistration:
         epoch=info.epoch,
         data_version=DataVersion(dv.state_version, dv.counter, dv.timestamp_ms),
         topics=topics,
+        rocketmq_address=rocketmq_address,
     )
 
 
@@ -168,6 +172,7 @@ def _broker_data_to_wire(b: BrokerData) -> Any:
         addresses=b.addresses,
         ha_addresses=b.ha_addresses,
         epoch=b.epoch,
+        rocketmq_addresses=b.rocketmq_addresses,
     )
 
 
@@ -180,6 +185,7 @@ def _broker_live_to_wire(b: BrokerLive) -> Any:
             ),
             address=reg.address,
             ha_address=reg.ha_address,
+            rocketmq_address=reg.rocketmq_address,
             role=int(reg.role),
             epoch=reg.epoch,
             data_version=common_pb2.DataVersion(

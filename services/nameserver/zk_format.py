@@ -33,6 +33,7 @@ registrations are equal bytes), at most ``MAX_DATA_BYTES``::
      "epoch": 0,                          the master epoch the broker serves under
      "format": 1,
      "ha_address": "",                    host:port slaves replicate from; "" when none
+     "rocketmq_address": "10.0.0.1:8081", optional: the RocketMQ 5 (v2) listener, when served
      "role": "SYNC_MASTER",               ASYNC_MASTER | SYNC_MASTER | SLAVE
      "topics": [{"perm": 6, "read_queue_nums": 8, "topic": "orders", "write_queue_nums": 8}]}
 
@@ -209,6 +210,10 @@ def encode_registration(reg: BrokerRegistration) -> bytes:
             for t in sorted(reg.topics, key=lambda t: t.topic)
         ],
     }
+    if reg.rocketmq_address:
+        # Optional within format 1 (readers ignore keys they do not know): brokers without a
+        # v2 listener write the same bytes as before.
+        doc["rocketmq_address"] = reg.rocketmq_address
     data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("ascii")
     if len(data) > MAX_DATA_BYTES:
         raise ZnodeDataError(
@@ -255,6 +260,9 @@ def decode_registration(node: BrokerNodeName, data: bytes) -> BrokerRegistration
                 ),
                 address=_text(doc, "address"),
                 ha_address=_text(doc, "ha_address"),
+                rocketmq_address=_text(doc, "rocketmq_address")
+                if "rocketmq_address" in doc
+                else "",
                 role=int(BrokerRole[role_name]),
                 epoch=_integer(doc, "epoch"),
                 data_version=common_pb2.DataVersion(

@@ -128,6 +128,8 @@ class NameServerProcess(ServiceProcess):
 @dataclass
 class BrokerProcess(ServiceProcess):
     store_dir: Path = Path()
+    # host:port of its RocketMQ 5 listener ("" when started without ``rocketmq=True``).
+    rocketmq_address: str = ""
     kind = "broker"
 
     def stub(self) -> broker_pb2_grpc.BrokerStub:
@@ -216,13 +218,18 @@ def start_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sta
     """Start brokers; the same ``store`` name restarts on the same store directory."""
     started: list[BrokerProcess] = []
 
-    def start(*flags: str, store: str = "broker", port: int | None = None) -> BrokerProcess:
+    def start(
+        *flags: str, store: str = "broker", port: int | None = None, rocketmq: bool = False
+    ) -> BrokerProcess:
         address = f"127.0.0.1:{port or free_port()}"
         store_dir = tmp_path / store
         log_path = tmp_path / f"{store}.log"
         args = ["broker", "--listen", address, "--store", str(store_dir)]
+        v2 = f"127.0.0.1:{free_port()}" if rocketmq else ""
+        if v2:
+            args += ["--rocketmq-listen", v2]
         proc = spawn([*args, "--store-overrides", SMALL_STORE, *flags], log_path)
-        b = BrokerProcess(proc, address, log_path, store_dir=store_dir)
+        b = BrokerProcess(proc, address, log_path, store_dir=store_dir, rocketmq_address=v2)
         started.append(b)
         b.wait_serving()
         return b

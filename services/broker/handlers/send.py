@@ -73,7 +73,7 @@ class SendHandler:
             name = m.topic
             cfg = configs.get(name)
             if cfg is None:
-                cfg = configs[name] = await self._writable_topic(name)
+                cfg = configs[name] = await self.writable_topic(name)
             checks.check_queue(cfg, m.queue_id, for_write=True)
             batch.append(to_store_message(m, born))
         if request.transactional and any(
@@ -134,7 +134,7 @@ class SendHandler:
             raise invalid("this broker does not take transactional sends")
         return self.transactions
 
-    async def _writable_topic(self, name: str) -> TopicConfig:
+    async def writable_topic(self, name: str) -> TopicConfig:
         if not client_may_send(name):
             raise system_topic(name)
         if self.topics.get(name) is None and self.config.auto_create_topics:
