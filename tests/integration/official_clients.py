@@ -23,7 +23,6 @@ from tests.integration.conftest import (
     NameServerProcess,
     StartBroker,
     StartNameServer,
-    free_port,
 )
 from tests.integration.receive_sdk_helpers import _receive_n
 from tests.integration.test_sdk import _routable, broker_flags
@@ -67,11 +66,10 @@ class V2Cluster:
 
 def start_v2_cluster(start_nameserver: StartNameServer, start_broker: StartBroker) -> V2Cluster:
     ns = start_nameserver()
-    endpoints = f"127.0.0.1:{free_port()}"
-    flags = broker_flags(ns, "broker-a", "--rocketmq-listen", endpoints, *TRANSACTION_CHECKS)
-    broker = start_broker(*flags, store="broker-a")
+    flags = broker_flags(ns, "broker-a", *TRANSACTION_CHECKS)
+    broker = start_broker(*flags, store="broker-a", rocketmq=True)
     _routable(ns.address)
-    return V2Cluster(ns, broker, endpoints)
+    return V2Cluster(ns, broker, broker.rocketmq_address)
 
 
 @contextmanager
