@@ -41,19 +41,18 @@ class V2Cluster:
     nameserver: NameServerProcess
     broker: BrokerProcess
     endpoints: str  # the broker's apache.rocketmq.v2 address: what a client is configured with
+    admin: tidemq.Admin  # tidemq's own, through the nameserver
 
     def plan(self, **fields: Any) -> dict[str, Any]:
         return {"endpoints": self.endpoints, **fields}
 
     def topic(self, topic: str, group: str | None = None, **group_settings: Any) -> None:
-        with tidemq.Admin(self.nameserver.address) as admin:
-            admin.create_topic(topic, queues=QUEUES)
-            if group is not None:
-                admin.update_consumer_group(group, **group_settings)
+        self.admin.create_topic(topic, queues=QUEUES)
+        if group is not None:
+            self.admin.update_consumer_group(group, **group_settings)
 
     def receive_state(self, group: str, topic: str) -> Any:
-        with tidemq.Admin(self.nameserver.address) as admin:
-            return admin.receive_state(group, topic)
+        return self.admin.receive_state(group, topic)
 
     def joined(self, group: str, topic: str) -> bool:
         return len(self.receive_state(group, topic).queues) == QUEUES
@@ -64,12 +63,15 @@ class V2Cluster:
         return len(queues) == QUEUES and all(q.lag == 0 for q in queues)
 
 
-def start_v2_cluster(start_nameserver: StartNameServer, start_broker: StartBroker) -> V2Cluster:
+@contextmanager
+def v2_cluster(start_nameserver: StartNameServer, start_broker: StartBroker) -> Iterator[V2Cluster]:
+    """A nameserver and a master serving the RocketMQ 5 protocol, routed."""
     ns = start_nameserver()
     flags = broker_flags(ns, "broker-a", *TRANSACTION_CHECKS)
     broker = start_broker(*flags, store="broker-a", rocketmq=True)
     _routable(ns.address)
-    return V2Cluster(ns, broker, broker.rocketmq_address)
+    with tidemq.Admin(ns.address) as admin:
+        yield V2Cluster(ns, broker, broker.rocketmq_address, admin)
 
 
 @contextmanager
@@ -263,9 +265,8 @@ def push_dead_letters_after_max_attempts(v2: V2Cluster, programs: Programs) -> N
     )
     push.wait_for("the group's queues", lambda _: v2.joined("importer", "imports"), 30)
     ids = produce(v2, programs, "imports", [{"body": "poison"}])
-    with tidemq.Admin(v2.nameserver.address) as admin:
-        wait_until(lambda: bool(admin.dead_letters("importer")), 40, "the dead letter")
-        dead = admin.dead_letters("importer")
+    wait_until(lambda: bool(v2.admin.dead_letters("importer")), 40, "the dead letter")
+    dead = v2.admin.dead_letters("importer")
     assert [m.body for m in dead] == [b"poison"]
     wait_until(lambda: v2.settled("importer", "imports"), 10, "the group done with the topic")
     deliveries = of(push.finish(), "delivery")
@@ -310,8 +311,7 @@ def tidemq_producer_to_official_consumer(v2: V2Cluster, programs: Programs) -> N
 
 def docs_example(v2: V2Cluster, programs: Programs, example: str) -> None:
     """The example of docs/rocketmq-clients.md runs as printed, against the topic it names."""
-    with tidemq.Admin(v2.nameserver.address) as admin:
-        admin.create_topic("example-orders", queues=QUEUES)
+    v2.admin.create_topic("example-orders", queues=QUEUES)
     lines = programs.run_script(EXAMPLES / example, v2.endpoints)
     sent = [line.split()[1] for line in lines if line.startswith("sent ")]
     received = [line for line in lines if line.startswith("received ")]

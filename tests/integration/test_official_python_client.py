@@ -13,15 +13,16 @@ import pytest
 
 from tests.integration import official_clients as scenario
 from tests.integration.conftest import StartBroker, StartNameServer
-from tests.integration.official_clients import V2Cluster, client_programs, start_v2_cluster
+from tests.integration.official_clients import V2Cluster, client_programs, v2_cluster
 from tests.interop.clients import PYTHON, Programs
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def v2(start_nameserver: StartNameServer, start_broker: StartBroker) -> V2Cluster:
-    return start_v2_cluster(start_nameserver, start_broker)
+def v2(start_nameserver: StartNameServer, start_broker: StartBroker) -> Iterator[V2Cluster]:
+    with v2_cluster(start_nameserver, start_broker) as cluster:
+        yield cluster
 
 
 @pytest.fixture
