@@ -132,6 +132,13 @@ def run(args: argparse.Namespace) -> int:
     ports = [("nameserver", args.nameserver_port), ("broker", args.broker_port)]
     if args.slave_port:
         ports.append(("slave", args.slave_port))
+    # The RocketMQ 5 listeners (official clients): the master's port, the slave's the next one.
+    v2_ports: dict[str, int] = {}
+    if args.rocketmq_port:
+        v2_ports["broker-a"] = args.rocketmq_port
+        if args.slave_port:
+            v2_ports["broker-a-s1"] = args.rocketmq_port + 1
+        ports += [("rocketmq", port) for port in v2_ports.values()]
     for what, port in ports:
         if not _port_free(host, port):
             print(
@@ -171,10 +178,11 @@ def run(args: argparse.Namespace) -> int:
             slave_args = ["--role", "SLAVE", "--broker-id", "1", "--flush", args.flush]
             brokers.append(("broker-a-s1", slave_addr, [*common, *slave_args]))
         for name, address, flags in brokers:
+            v2 = ["--rocketmq-listen", f"{host}:{v2_ports[name]}"] if name in v2_ports else []
             store = str(data / name)
             child = _spawn(
                 name,
-                ["broker", "--listen", address, "--store", store, *flags],
+                ["broker", "--listen", address, "--store", store, *flags, *v2],
                 logs / f"{name}.log",
             )
             children.append(child)
@@ -190,7 +198,10 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 deadline,
             )
-        _print_banner(data, ns_addr, broker_addr, slave_addr if args.slave_port else "", args)
+        v2_addr = f"{host}:{args.rocketmq_port}" if args.rocketmq_port else ""
+        _print_banner(
+            data, ns_addr, broker_addr, slave_addr if args.slave_port else "", v2_addr, args
+        )
         while not stop_requested:
             for c in children:
                 if c.proc.poll() is not None:
@@ -228,9 +239,16 @@ def _wait_broker(child: Child, address: str, deadline: float) -> None:
 
 
 def _print_banner(
-    data: Path, ns_addr: str, broker_addr: str, slave_addr: str, args: argparse.Namespace
+    data: Path,
+    ns_addr: str,
+    broker_addr: str,
+    slave_addr: str,
+    v2_addr: str,
+    args: argparse.Namespace,
 ) -> None:
     slave_line = f"\n  broker-a/1   {slave_addr}  SLAVE of broker-a" if slave_addr else ""
+    if v2_addr:
+        slave_line += f"\n  RocketMQ 5   {v2_addr}   endpoints for the official RocketMQ clients"
     exe = "tidemq"
     venv_exe = Path(sys.executable).parent / "tidemq"
     if venv_exe.exists() and str(venv_exe.parent) not in os.environ.get("PATH", "").split(":"):
@@ -270,5 +288,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="the master's replication role (SYNC_MASTER answers once the slave has a send)",
     )
     p.add_argument("--flush", choices=["ASYNC", "SYNC"], default="ASYNC")
+    p.add_argument(
+        "--rocketmq-port",
+        type=int,
+        default=8081,
+        help="the master's RocketMQ 5 listener for the official clients; the slave's is the "
+        "next port (0: none)",
+    )
     p.add_argument("--store-overrides", help="JSON object of StoreConfig keys (e.g. smaller files)")
     p.set_defaults(func=run)

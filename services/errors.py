@@ -249,7 +249,11 @@ def _decode_in_handler(handler: Any) -> Any:
     if decode is None or encode is None:
         return handler
     if behavior is None:
-        return _decode_in_stream_handler(handler) if handler.unary_stream is not None else handler
+        if handler.unary_stream is not None:
+            return _decode_in_stream_handler(handler)
+        if handler.stream_stream is not None:
+            return _decode_in_bidi_handler(handler)
+        return handler
 
     def encode_unless_encoded(response: Any) -> bytes:
         # A handler may answer bytes it encoded itself (a pull encodes its answer in slices).
@@ -284,3 +288,26 @@ def _decode_in_stream_handler(handler: Any) -> Any:
             yield response
 
     return handler._replace(request_deserializer=None, unary_stream=unary_stream)
+
+
+def _decode_in_bidi_handler(handler: Any) -> Any:
+    """A bidirectional stream (RocketMQ 5's Telemetry): each inbound message is decoded as the
+    handler reads it; one that does not decode raises ``ServiceError(INVALID_ARGUMENT)`` there,
+    for the handler to answer (gRPC would end the call with an opaque error)."""
+    decode = handler.request_deserializer
+    behavior = handler.stream_stream
+
+    async def decoded(raw_requests: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+        async for raw in raw_requests:
+            try:
+                yield decode(raw)
+            except DecodeError as e:
+                raise invalid(f"a stream message is not a valid message: {e}") from None
+
+    async def stream_stream(
+        raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        async for response in behavior(decoded(raw_requests), context):
+            yield response
+
+    return handler._replace(request_deserializer=None, stream_stream=stream_stream)

@@ -4,6 +4,8 @@ client id, as every official client's do, and a routed broker that serves the pr
 
 from __future__ import annotations
 
+import queue
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,3 +77,62 @@ def message(topic: str, body: bytes, message_id: str = "", **system: object) -> 
         else:
             setattr(sp, key, value)
     return m
+
+
+class Stream:
+    """One Telemetry stream: commands written from the test, the broker's read back in order
+    (a thread reads them as they come)."""
+
+    def __init__(self, client: V2, timeout_s: float = 60) -> None:
+        self._out: queue.Queue[service_pb2.TelemetryCommand | None] = queue.Queue()
+        self._in: queue.Queue[Any] = queue.Queue()
+        self.answers = client.stub.Telemetry(
+            self._requests(), metadata=client.metadata, timeout=timeout_s
+        )
+        self._reader = threading.Thread(target=self._read_all, daemon=True)
+        self._reader.start()
+
+    def _requests(self) -> Iterator[service_pb2.TelemetryCommand]:
+        while (command := self._out.get()) is not None:
+            yield command
+
+    def _read_all(self) -> None:
+        try:
+            for answer in self.answers:
+                self._in.put(answer)
+        except grpc.RpcError as e:
+            self._in.put(e)
+        self._in.put(None)  # the broker ended the stream
+
+    def write(self, command: service_pb2.TelemetryCommand) -> None:
+        self._out.put(command)
+
+    def read(self, timeout_s: float = 10) -> Any:
+        """The broker's next command (None once it ended the stream)."""
+        try:
+            answer = self._in.get(timeout=timeout_s)
+        except queue.Empty:
+            raise AssertionError(f"no telemetry command within {timeout_s} s") from None
+        if isinstance(answer, grpc.RpcError):
+            raise answer
+        return answer
+
+    def close(self) -> list[Any]:
+        """Close our side; what the broker still sent before it ended the stream."""
+        self._out.put(None)
+        self._reader.join(10)
+        assert not self._reader.is_alive(), "the broker did not end the stream"
+        rest = []
+        while (answer := self._in.get_nowait()) is not None:
+            rest.append(answer)
+        return rest
+
+
+def producer_settings(*topics: str) -> service_pb2.TelemetryCommand:
+    s = v2.Settings(client_type=v2.PRODUCER)
+    for topic in topics:
+        s.publishing.topics.add(name=topic)
+    s.publishing.max_body_size = 134_217_728
+    s.publishing.validate_message_type = True
+    s.request_timeout.seconds = 3
+    return service_pb2.TelemetryCommand(settings=s)

@@ -5,9 +5,7 @@ refusal is a Status in the body."""
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -16,9 +14,17 @@ from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
 from tests.integration.receive_cluster import create_topic
-from tests.integration.rocketmq_v2 import V2, message, v2_broker, v2_client
+from tests.integration.rocketmq_v2 import (
+    V2,
+    Stream,
+    message,
+    producer_settings,
+    v2_broker,
+    v2_client,
+)
+from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
-from tidemq.protos import broker_pb2
+from tidemq.protos import broker_pb2, common_pb2
 from tidemq.protos.rocketmq import definition_pb2 as v2
 from tidemq.protos.rocketmq import service_pb2
 
@@ -91,49 +97,12 @@ def test_calls_without_a_client_id_are_answered_client_id_required(broker: Broke
         assert r.status.code == v2.CLIENT_ID_REQUIRED
 
 
-class Stream:
-    """One Telemetry stream: commands written from the test, answers read back."""
-
-    def __init__(self, client: V2) -> None:
-        self._out: queue.Queue[service_pb2.TelemetryCommand | None] = queue.Queue()
-        self.answers = client.stub.Telemetry(self._requests(), metadata=client.metadata, timeout=30)
-
-    def _requests(self) -> Iterator[service_pb2.TelemetryCommand]:
-        while (command := self._out.get()) is not None:
-            yield command
-
-    def write(self, command: service_pb2.TelemetryCommand) -> None:
-        self._out.put(command)
-
-    def read(self) -> service_pb2.TelemetryCommand:
-        answer: list[service_pb2.TelemetryCommand] = []
-        reader = threading.Thread(target=lambda: answer.append(next(self.answers)), daemon=True)
-        reader.start()
-        reader.join(10)
-        assert answer, "no telemetry answer within 10 s"
-        return answer[0]
-
-    def close(self) -> list[service_pb2.TelemetryCommand]:
-        """Close our side; what the broker still sent before ending the stream."""
-        self._out.put(None)
-        return list(self.answers)
-
-
-def producer_settings() -> service_pb2.TelemetryCommand:
-    s = v2.Settings(client_type=v2.PRODUCER)
-    s.publishing.topics.add(name=TOPIC)
-    s.publishing.max_body_size = 134_217_728
-    s.publishing.validate_message_type = True
-    s.request_timeout.seconds = 3
-    return service_pb2.TelemetryCommand(settings=s)
-
-
 def test_telemetry_answers_each_settings_with_the_brokers_limits_and_stays_open(
     broker: BrokerProcess,
 ) -> None:
     with v2_client(broker) as client:
         stream = Stream(client)
-        stream.write(producer_settings())
+        stream.write(producer_settings(TOPIC))
         first = stream.read()
         assert first.status.code == v2.OK
         assert first.settings.publishing.max_body_size == 4 << 20  # the store's body limit
@@ -143,7 +112,7 @@ def test_telemetry_answers_each_settings_with_the_brokers_limits_and_stays_open(
         # Still open: heartbeats meanwhile, then the settings again, answered again.
         hb = client.call("Heartbeat", service_pb2.HeartbeatRequest(client_type=v2.PRODUCER))
         assert hb.status.code == v2.OK
-        stream.write(producer_settings())
+        stream.write(producer_settings(TOPIC))
         assert stream.read().status.code == v2.OK
         stream.write(service_pb2.TelemetryCommand(settings=v2.Settings()))
         assert stream.read().status.code == v2.BAD_REQUEST
@@ -172,7 +141,7 @@ def test_a_broker_stopping_ends_open_telemetry_streams_and_exits_in_time(
 ) -> None:
     with v2_client(broker) as client:
         stream = Stream(client)
-        stream.write(producer_settings())
+        stream.write(producer_settings(TOPIC))
         assert stream.read().status.code == v2.OK
         assert broker.terminate() == 0  # raises if SIGTERM is not obeyed in time
 
@@ -274,3 +243,51 @@ def test_offset_rpcs_no_client_calls_are_unimplemented(broker: BrokerProcess) ->
         with pytest.raises(grpc.RpcError) as e:
             list(client.call("PullMessage", service_pb2.PullMessageRequest()))
         assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_brokers_on_zookeeper_route_every_group_without_a_nameserver(
+    start_broker: StartBroker, zookeeper: ZooKeeperServer, zk_root: str
+) -> None:
+    zk = ("--zk", zookeeper.hosts, "--zk-root", zk_root)
+    a = start_broker(*zk, "--broker-name", "broker-a", store="a", rocketmq=True)
+    b = start_broker(*zk, "--broker-name", "broker-b", store="b", rocketmq=True)
+    for broker in (a, b):
+        broker.stub().CreateTopic(
+            broker_pb2.CreateTopicRequest(
+                topic=common_pb2.TopicConfig(
+                    topic=TOPIC, read_queue_nums=2, write_queue_nums=2, perm=6
+                )
+            ),
+            timeout=10,
+        )
+    with v2_client(a) as client:
+
+        def both_groups() -> bool:
+            r = client.query_route(TOPIC)
+            return {q.broker.name for q in r.message_queues} == {"broker-a", "broker-b"}
+
+        wait_until(both_groups, 20, "both broker groups in broker-a's v2 route")
+        queues = client.query_route(TOPIC).message_queues
+    where = {q.broker.name: q.broker.endpoints.addresses[0] for q in queues}
+    endpoints = {name: f"{address.host}:{address.port}" for name, address in where.items()}
+    assert endpoints == {"broker-a": a.rocketmq_address, "broker-b": b.rocketmq_address}
+
+
+def test_a_slave_routes_its_group_read_only_and_refuses_sends_as_forbidden(
+    broker: BrokerProcess, nameserver: NameServerProcess, start_broker: StartBroker
+) -> None:
+    slave = v2_broker(start_broker, nameserver, "--role", "SLAVE", "--broker-id", "1", store="s1")
+    with v2_client(slave) as client:
+
+        def slave_routed() -> bool:
+            r = client.query_route(TOPIC)
+            return any(q.broker.id == 1 for q in r.message_queues)
+
+        wait_until(slave_routed, 20, "the slave in the v2 route")
+        queues = client.query_route(TOPIC).message_queues
+        by_broker = {(q.broker.id, q.permission) for q in queues}
+        assert by_broker == {(0, v2.READ_WRITE), (1, v2.READ)}
+        slave_port = {q.broker.endpoints.addresses[0].port for q in queues if q.broker.id == 1}
+        assert slave_port == {int(slave.rocketmq_address.rsplit(":", 1)[1])}
+        refused = client.send(message(TOPIC, b"to a slave"))
+        assert refused.status.code == v2.FORBIDDEN, refused.status

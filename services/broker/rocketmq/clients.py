@@ -41,6 +41,10 @@ class V2Client:
     settings: definition_pb2.Settings | None = None
     # The open Telemetry stream's outbound commands; None while the client has none open.
     outbox: asyncio.Queue[service_pb2.TelemetryCommand] | None = None
+    # Set when that stream ends: what feeds it (transaction checks) stops.
+    stream_closed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Topics whose transaction checks feed the stream (``transactions.V2Transactions``).
+    watched: set[str] = field(default_factory=set)
 
     def send(self, command: service_pb2.TelemetryCommand) -> bool:
         """Queue a command for the client's stream; False when it has none (or it is full)."""
@@ -67,6 +71,11 @@ class V2Clients:
 
     def open_stream(self, client_id: str, now_ms: int) -> V2Client:
         client = self.seen(client_id, now_ms)
+        # A newer stream replaces an older one: what fed the old one stops (and starts again
+        # for the new one when its settings come).
+        client.stream_closed.set()
+        client.stream_closed = asyncio.Event()
+        client.watched = set()
         client.outbox = asyncio.Queue()
         return client
 
@@ -74,9 +83,12 @@ class V2Clients:
         # A client may have opened a newer stream meanwhile: only its own one is closed.
         if client.outbox is outbox:
             client.outbox = None
+            client.stream_closed.set()
 
     def remove(self, client_id: str) -> None:
-        self.clients.pop(client_id, None)
+        client = self.clients.pop(client_id, None)
+        if client is not None:
+            client.stream_closed.set()
 
     def expire(self, now_ms: int) -> list[str]:
         """Drop clients neither heard from within the expiry nor holding a stream open."""

@@ -3,7 +3,7 @@ each naming its broker's v2 endpoint (the address the broker registered beside i
 
 A master (broker id 0) gets READ_WRITE queues (WRITE or READ where the topic's write and read
 queue counts differ), a slave READ ones; a broker that serves no v2 listener is left out. The
-mapping is pure; ``RouteSource`` asks the nameservers."""
+mapping is pure; ``RouteSource`` asks the nameservers (or ZooKeeper)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,9 @@ from tidemq.protos.rocketmq import definition_pb2
 from tidemq.services.broker.receive.dead_letter import is_dead_letter_topic
 from tidemq.services.broker.rocketmq.status import StatusError
 from tidemq.services.broker.topics import PERM_READ, PERM_WRITE
+from tidemq.services.nameserver.registry import RegistryUnavailableError
+from tidemq.services.nameserver.route_table import TopicRoute
+from tidemq.services.nameserver.zk_registry import ZooKeeperRegistry
 
 log = logging.getLogger(__name__)
 
@@ -114,33 +117,81 @@ def assignments(
     return out
 
 
+def route_to_wire(route: TopicRoute) -> nameserver_pb2.QueryRouteResponse:
+    """A registry's route as the nameserver answers it."""
+    return nameserver_pb2.QueryRouteResponse(
+        topic=route.topic,
+        queues=[
+            nameserver_pb2.QueueData(
+                broker_name=q.broker_name,
+                read_queue_nums=q.read_queue_nums,
+                write_queue_nums=q.write_queue_nums,
+                perm=q.perm,
+            )
+            for q in route.queues
+        ],
+        brokers=[
+            nameserver_pb2.BrokerData(
+                cluster=b.cluster,
+                broker_name=b.broker_name,
+                addresses=b.addresses,
+                rocketmq_addresses=b.rocketmq_addresses,
+                epoch=b.epoch,
+            )
+            for b in route.brokers
+        ],
+    )
+
+
 class RouteSource:
-    """A topic's route as the nameservers know it (the first that answers), or, for a broker
-    configured with none, as this broker alone serves it (``own_route``)."""
+    """A topic's route as this broker knows the cluster: from its nameservers (the first that
+    answers), else from the ZooKeeper registry it registers in (read as a nameserver reads it),
+    else as this broker alone serves it (``own_route``)."""
 
     def __init__(
         self,
         nameservers: tuple[str, ...],
         own_route: Callable[[str], nameserver_pb2.QueryRouteResponse | None],
+        zookeeper: ZooKeeperRegistry | None = None,
     ) -> None:
         self.nameservers = nameservers
         self.own_route = own_route
+        self.zookeeper = zookeeper
+
+    async def start(self) -> None:
+        if self.zookeeper is not None:
+            await self.zookeeper.start()
+
+    async def stop(self) -> None:
+        if self.zookeeper is not None:
+            await self.zookeeper.stop()
 
     async def route(self, topic: str) -> nameserver_pb2.QueryRouteResponse:
-        if not self.nameservers:
+        if self.nameservers:
+            return await self._ask_nameservers(topic)
+        if self.zookeeper is not None:
+            try:
+                found = await self.zookeeper.route(topic)
+            except RegistryUnavailableError as e:
+                raise StatusError(C.INTERNAL_SERVER_ERROR, str(e)) from None
+            route = route_to_wire(found) if found is not None else None
+        else:
             route = self.own_route(topic)
-            if route is None:
-                raise StatusError(C.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
-            return route
+        if route is None:
+            raise StatusError(C.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist")
+        return route
+
+    async def _ask_nameservers(self, topic: str) -> nameserver_pb2.QueryRouteResponse:
         failures = []
         for nameserver in self.nameservers:
             try:
                 async with grpc.aio.insecure_channel(nameserver) as channel:
                     stub = nameserver_pb2_grpc.NameServerStub(channel)
-                    return await stub.QueryRoute(
+                    answer: nameserver_pb2.QueryRouteResponse = await stub.QueryRoute(
                         nameserver_pb2.QueryRouteRequest(topic=topic),
                         timeout=NAMESERVER_TIMEOUT_S,
                     )
+                    return answer
             except grpc.aio.AioRpcError as e:
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                     raise StatusError(

@@ -45,6 +45,10 @@ class V2Sending:
     ) -> service_pb2.SendMessageResponse:
         if not request.messages:
             raise StatusError(C.BAD_REQUEST, "a send carries at least one message")
+        # Before the topic is looked up: a slave may not know it yet, and NOT_MASTER is what
+        # sends the client to the master.
+        self.send.checks.ensure_running()
+        self.send.checks.ensure_master("send")
         outgoing = [to_ours(m, self.max_body_bytes) for m in request.messages]
         transactional = {o.message_type == C.TRANSACTION for o in outgoing}
         if len(transactional) > 1:

@@ -20,6 +20,7 @@ from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.errors import add_servicer
+from tidemq.services.nameserver.zk_registry import ZooKeeperRegistry, ZooKeeperRegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,19 @@ class RocketMQListener:
                 ],
             )
 
+        # With ZooKeeper and no nameserver (the Helm chart's brokers), routes are read from
+        # ZooKeeper as the nameservers read them.
+        zookeeper = (
+            ZooKeeperRegistry(
+                ZooKeeperRegistryConfig(
+                    config.zk_hosts, config.zk_root, config.zk_session_timeout_ms
+                )
+            )
+            if config.zk_hosts and not config.nameservers
+            else None
+        )
+        self.routes = RouteSource(config.nameservers, own_route, zookeeper)
+
         def group_settings(group: str) -> GroupSettings | None:
             found = groups.get(group)
             return found.settings if found is not None else None
@@ -67,7 +81,7 @@ class RocketMQListener:
         self.servicer = MessagingServicer(
             broker,
             self.clients,
-            RouteSource(config.nameservers, own_route),
+            self.routes,
             BrokerLimits(max_body_bytes=max_body_bytes),
             group_settings,
         )
@@ -88,6 +102,7 @@ class RocketMQListener:
         self.bound_port = self.server.add_insecure_port(self.config.rocketmq_listen)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.rocketmq_listen}")
+        await self.routes.start()
         await self.server.start()
         log.info(
             "RocketMQ 5 protocol (apache.rocketmq.v2) on %s, advertised as %s",
@@ -101,6 +116,7 @@ class RocketMQListener:
 
     async def stop(self, grace_s: float) -> None:
         await self.server.stop(grace_s)
+        await self.routes.stop()
 
     def expire(self, now_ms: int) -> list[str]:
         return self.clients.expire(now_ms)

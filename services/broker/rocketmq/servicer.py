@@ -11,18 +11,20 @@ import functools
 import importlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from tidemq.protos.rocketmq import definition_pb2, service_pb2, service_pb2_grpc
 from tidemq.services.broker.groups import GroupSettings
+from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.rocketmq import routes
 from tidemq.services.broker.rocketmq.clients import V2Clients, client_id_of
 from tidemq.services.broker.rocketmq.sending import V2Sending
 from tidemq.services.broker.rocketmq.settings import BrokerLimits
 from tidemq.services.broker.rocketmq.status import StatusError, ok, status_of_exception
 from tidemq.services.broker.rocketmq.telemetry import Telemetry
+from tidemq.services.broker.rocketmq.transactions import V2Transactions
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.errors import ServiceError
 from tidemq.storage.clock import now_ms
@@ -30,26 +32,32 @@ from tidemq.storage.errors import StoreError
 
 log = logging.getLogger(__name__)
 
+# tidemq_rpc_requests_total's method label of a v2 call: "rocketmq.SendMessage", ...
+METRIC_PREFIX = "rocketmq."
+
 C = definition_pb2
-R = TypeVar("R")
+Handler = Callable[..., Awaitable[Any]]
 
 
-def answers_status(
-    response: Callable[..., R],
-) -> Callable[[Callable[..., Awaitable[R]]], Callable[..., Awaitable[R]]]:
-    """A unary RPC whose every failure is answered as ``response(status=...)``."""
+def answers_status(response: Callable[..., Any]) -> Callable[[Handler], Handler]:
+    """A unary RPC whose every failure is answered as ``response(status=...)``, counted by the
+    Code it answered."""
 
-    def decorate(fn: Callable[..., Awaitable[R]]) -> Callable[..., Awaitable[R]]:
+    def decorate(fn: Handler) -> Handler:
         @functools.wraps(fn)
-        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                return await fn(self, request, context)
+                answer = await fn(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as e:
                 if not isinstance(e, ServiceError | StoreError | StatusError):
                     log.exception("v2 %s failed", fn.__name__)
-                return response(status=status_of_exception(e))
+                answer = response(status=status_of_exception(e))
+            metrics: BrokerMetrics | None = self.metrics
+            if metrics is not None:
+                metrics.rpc(METRIC_PREFIX + fn.__name__, C.Code.Name(answer.status.code))
+            return answer
 
         return wrapper
 
@@ -73,10 +81,14 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
         group_settings: Callable[[str], GroupSettings | None],
     ) -> None:
         self.broker = broker
+        self.metrics = broker.send.metrics
         self.clients = clients
         self.routes = route_source
         self.stopping = asyncio.Event()
-        self.telemetry = Telemetry(clients, limits, group_settings, self.stopping)
+        self.transactions = V2Transactions(broker.transactions, broker.delayed)
+        self.telemetry = Telemetry(
+            clients, limits, group_settings, self.stopping, self.transactions.watch_checks
+        )
         self.sending = V2Sending(broker.send, limits.max_body_bytes)
         self.receiving = _receiving(broker, clients)
 
@@ -133,6 +145,16 @@ class MessagingServicer(service_pb2_grpc.MessagingServiceServicer):  # type: ign
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         client_id_of(context)
         return await self.sending.send_message(request, context)
+
+    @answers_status(service_pb2.EndTransactionResponse)
+    async def EndTransaction(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        client_id_of(context)
+        return await self.transactions.end(request, context)
+
+    @answers_status(service_pb2.RecallMessageResponse)
+    async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        client_id_of(context)
+        return await self.transactions.recall(request, context)
 
     # ------------------------------------------------------------------ consuming (receiving.py)
     async def ReceiveMessage(

@@ -17,6 +17,7 @@ from tidemq.services.broker.groups import GroupSettings
 from tidemq.services.broker.rocketmq.clients import V2Client, V2Clients, client_id_of
 from tidemq.services.broker.rocketmq.settings import BrokerLimits, consumer_group, merge
 from tidemq.services.broker.rocketmq.status import StatusError, ok, status, status_of_exception
+from tidemq.services.errors import ServiceError, abort_with
 from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,8 @@ class Telemetry:
         client = self.clients.open_stream(client_id, now_ms())
         outbox = client.outbox
         assert outbox is not None
-        reader = asyncio.create_task(self._read(client, requests, outbox))
+        refused: list[ServiceError] = []
+        reader = asyncio.create_task(self._read(client, requests, outbox, refused))
         stopping = asyncio.create_task(self.stopping.wait())
         try:
             while True:
@@ -86,7 +88,7 @@ class Telemetry:
                     return  # the broker stops
                 command = getting.result()
                 if command is _END:
-                    return
+                    break
                 yield command
         finally:
             reader.cancel()
@@ -94,12 +96,16 @@ class Telemetry:
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
             self.clients.close_stream(client, outbox)
+        if refused:
+            # Bytes that do not decode: INVALID_ARGUMENT, as the unary calls answer them.
+            await abort_with(context, refused[0])
 
     async def _read(
         self,
         client: V2Client,
         requests: AsyncIterator[service_pb2.TelemetryCommand],
         outbox: asyncio.Queue[service_pb2.TelemetryCommand],
+        refused: list[ServiceError],
     ) -> None:
         try:
             async for command in requests:
@@ -113,6 +119,8 @@ class Telemetry:
                     outbox.put_nowait(reply)
         except asyncio.CancelledError:
             raise
-        except Exception as e:  # noqa: BLE001 - an inbound message that does not decode
+        except ServiceError as e:  # an inbound message that does not decode
+            refused.append(e)
+        except Exception as e:  # noqa: BLE001 - the client went away
             log.info("telemetry stream of %s ended: %s", client.client_id, e)
         outbox.put_nowait(_END)
