@@ -95,17 +95,21 @@ class Program:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            line = raw.decode("utf-8", errors="replace").strip()
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                event = None
-            with self._lock:
-                if isinstance(event, dict) and "event" in event:
-                    self.events.append(event)
-                elif line:
-                    self.noise.append(line)
+        with self.proc.stdout:
+            for raw in self.proc.stdout:
+                self._take(raw)
+
+    def _take(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", errors="replace").strip()
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            event = None
+        with self._lock:
+            if isinstance(event, dict) and "event" in event:
+                self.events.append(event)
+            elif line:
+                self.noise.append(line)
 
     def of(self, kind: str) -> list[Event]:
         with self._lock:
@@ -163,6 +167,10 @@ class Program:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        self._reader.join(5)
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
 
 
 class Programs:
