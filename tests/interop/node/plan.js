@@ -43,7 +43,7 @@ function messageJson(m) {
     delivery_attempt: m.deliveryAttempt ?? null,
     delivery_timestamp_ms: m.deliveryTimestamp ? m.deliveryTimestamp.getTime() : null,
     born_timestamp_ms: m.bornTimestamp ? m.bornTimestamp.getTime() : null,
-    corrupted: m.corrupted,
+    corrupted: m.corrupted === true, // only set when the body digest does not match
     received_at_ms: Date.now(),
   };
 }
