@@ -9,16 +9,72 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import grpc
 
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
+from tests.integration.conftest import (
+    SMALL_STORE,
+    BrokerProcess,
+    NameServerProcess,
+    StartBroker,
+    free_port,
+    spawn,
+)
+from tidemq.protos import broker_pb2, common_pb2
 from tidemq.protos.rocketmq import definition_pb2 as v2
 from tidemq.protos.rocketmq import service_pb2, service_pb2_grpc
 
 BROKER_GROUP = "broker-a"
 CALL_TIMEOUT_S = 10.0
+
+
+@contextmanager
+def shared_cluster(
+    tmp: Path, *flags: str, topics: dict[str, int]
+) -> Iterator[tuple[NameServerProcess, BrokerProcess]]:
+    """A nameserver and a master of ``broker-a`` serving the RocketMQ 5 protocol, with
+    ``topics`` (name -> queues) created, for a whole test module (a cluster per test would
+    take most of the module's time); both are stopped at the end, their logs printed on
+    failure."""
+    ns_address = f"127.0.0.1:{free_port()}"
+    ns = NameServerProcess(
+        spawn(["nameserver", "--listen", ns_address], tmp / "nameserver.log"),
+        ns_address,
+        tmp / "nameserver.log",
+    )
+    started: list[NameServerProcess | BrokerProcess] = [ns]
+    try:
+        ns.wait_serving()
+        address, v2_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        args = ["broker", "--listen", address, "--store", str(tmp / "store")]
+        args += ["--nameserver", ns_address, "--broker-name", BROKER_GROUP]
+        args += ["--register-interval-ms", "500", "--rocketmq-listen", v2_address]
+        args += ["--store-overrides", SMALL_STORE, *flags]
+        broker = BrokerProcess(
+            spawn(args, tmp / "broker.log"),
+            address,
+            tmp / "broker.log",
+            store_dir=tmp / "store",
+            rocketmq_address=v2_address,
+        )
+        started.append(broker)
+        broker.wait_serving()
+        for topic, queues in topics.items():
+            config = common_pb2.TopicConfig(
+                topic=topic, read_queue_nums=queues, write_queue_nums=queues, perm=6
+            )
+            broker.stub().CreateTopic(broker_pb2.CreateTopicRequest(topic=config), timeout=10)
+        yield ns, broker
+    except BaseException:
+        for p in started:
+            print(f"----- {p.log_path.name} -----\n{p.log()}")
+        raise
+    finally:
+        for p in reversed(started):
+            if p.proc.poll() is None:
+                p.terminate()
 
 
 def v2_broker(

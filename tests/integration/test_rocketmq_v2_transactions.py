@@ -5,19 +5,19 @@ and its answer commits; a delayed message is recalled by its handle."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from google.protobuf import timestamp_pb2  # type: ignore[import-untyped]
 
-from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker
-from tests.integration.receive_cluster import create_topic
+from tests.integration.conftest import BrokerProcess
 from tests.integration.rocketmq_v2 import (
     V2,
     Stream,
     message,
     producer_settings,
-    v2_broker,
+    shared_cluster,
     v2_client,
 )
 from tests.waiting import wait_until
@@ -34,11 +34,11 @@ FAST_CHECKS = (
 )
 
 
-@pytest.fixture
-def broker(nameserver: NameServerProcess, start_broker: StartBroker) -> BrokerProcess:
-    b = v2_broker(start_broker, nameserver, *FAST_CHECKS)
-    create_topic(nameserver, TOPIC, queues=2)
-    return b
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    tmp = tmp_path_factory.mktemp("v2-transactions")
+    with shared_cluster(tmp, *FAST_CHECKS, topics={TOPIC: 2}) as (_, b):
+        yield b
 
 
 def keyed(broker: BrokerProcess, key: str) -> list[Any]:
