@@ -18,14 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import tidemq
-from tests.integration.conftest import (
-    BrokerProcess,
-    NameServerProcess,
-    StartBroker,
-    StartNameServer,
-)
+from tests.integration.conftest import BrokerProcess, NameServerProcess
 from tests.integration.receive_sdk_helpers import _receive_n
-from tests.integration.test_sdk import _routable, broker_flags
+from tests.integration.rocketmq_v2 import shared_cluster
+from tests.integration.test_sdk import _routable
 from tests.interop.clients import ROOT, Event, OfficialClient, Program, Programs
 from tests.waiting import wait_until
 
@@ -64,14 +60,13 @@ class V2Cluster:
 
 
 @contextmanager
-def v2_cluster(start_nameserver: StartNameServer, start_broker: StartBroker) -> Iterator[V2Cluster]:
-    """A nameserver and a master serving the RocketMQ 5 protocol, routed."""
-    ns = start_nameserver()
-    flags = broker_flags(ns, "broker-a", *TRANSACTION_CHECKS)
-    broker = start_broker(*flags, store="broker-a", rocketmq=True)
-    _routable(ns.address)
-    with tidemq.Admin(ns.address) as admin:
-        yield V2Cluster(ns, broker, broker.rocketmq_address, admin)
+def v2_cluster(tmp: Path) -> Iterator[V2Cluster]:
+    """A nameserver and a master serving the RocketMQ 5 protocol, routed, for a whole test module
+    (each test uses its own topics and groups)."""
+    with shared_cluster(tmp, *TRANSACTION_CHECKS, topics={}) as (ns, broker):
+        _routable(ns.address)
+        with tidemq.Admin(ns.address) as admin:
+            yield V2Cluster(ns, broker, broker.rocketmq_address, admin)
 
 
 @contextmanager
@@ -276,11 +271,11 @@ def push_dead_letters_after_max_attempts(v2: V2Cluster, programs: Programs) -> N
 
 
 def official_producer_to_tidemq_consumer(v2: V2Cluster, programs: Programs) -> None:
-    v2.topic("audit", "archiver")
-    ids = produce(v2, programs, "audit", [
+    v2.topic("audit-in", "archiver")
+    ids = produce(v2, programs, "audit-in", [
         {"body": "event-1", "tag": "login", "keys": ["user-7"], "properties": {"ip": "10.0.0.7"}},
     ])  # fmt: skip
-    with tidemq.SimpleConsumer("archiver", {"audit": "login"}, **tidemq_consumer(v2)) as c:
+    with tidemq.SimpleConsumer("archiver", {"audit-in": "login"}, **tidemq_consumer(v2)) as c:
         [m] = _receive_n(c, 1, invisible_s=30)
         c.ack(m)
     assert ids["event-1"]
@@ -289,14 +284,14 @@ def official_producer_to_tidemq_consumer(v2: V2Cluster, programs: Programs) -> N
 
 
 def tidemq_producer_to_official_consumer(v2: V2Cluster, programs: Programs) -> None:
-    v2.topic("audit", "reporter")
+    v2.topic("audit-out", "reporter")
     consumer = consuming(
-        v2, programs, "reporter", "audit", tag="login", await_s=2,
+        v2, programs, "reporter", "audit-out", tag="login", await_s=2,
         rounds=[{"count": 1, "invisible_s": 30, "ack": True, "timeout_s": 30}],
     )  # fmt: skip
     with tidemq.Producer(v2.nameserver.address) as producer:
         r = producer.send(
-            "audit", b"event-2", tag="login", keys=["user-8"], properties={"ip": "10.0.0.8"}
+            "audit-out", b"event-2", tag="login", keys=["user-8"], properties={"ip": "10.0.0.8"}
         )
     assert r.ok
     events = ended(consumer)

@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 
 from tests.integration import official_clients as scenario
-from tests.integration.conftest import StartBroker, StartNameServer
 from tests.integration.official_clients import V2Cluster, client_programs, v2_cluster
 from tests.interop.clients import PYTHON, Programs
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def v2(start_nameserver: StartNameServer, start_broker: StartBroker) -> Iterator[V2Cluster]:
-    with v2_cluster(start_nameserver, start_broker) as cluster:
+@pytest.fixture(scope="module")
+def v2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
+    with v2_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
 
 
