@@ -15,9 +15,8 @@ record that matched (at least once: what it read beyond it may come again)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 from tidemq.protos import broker_pb2
 
@@ -26,8 +25,7 @@ from tidemq.protos import broker_pb2
 DEPTH = 256
 
 
-@dataclass(frozen=True)
-class Mark:
+class Mark(NamedTuple):  # a tuple: one is made for every message pulled
     queue_offset: int
     msg_id: str
     store_timestamp_ms: int
@@ -48,10 +46,10 @@ class Lineage:
         self._source: str | None = None
         self.checking = False
 
-    def pulled(self, address: str, messages: Iterable[Any]) -> None:
+    def pulled(self, address: str, messages: Sequence[Any]) -> None:
         """A pull from ``address`` answered; ``messages`` are what it brought."""
         self._source = address
-        self._marks.extend(mark_of(m) for m in messages)
+        self._marks.extend(map(mark_of, messages[-DEPTH:]))
 
     def failed(self) -> None:
         """A pull failed: the broker may come back with a shorter log (an old master restarts
