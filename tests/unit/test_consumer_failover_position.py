@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
+
 from tidemq.consumer.config import ConsumerConfig
 from tidemq.consumer.lineage import Lineage
 from tidemq.consumer.pulling import Puller, QueueState
@@ -114,7 +116,9 @@ async def failover(old: list[str], new: list[str], taken_back: int) -> list[str]
         await puller.stop(st)
 
 
-def test_sends_given_the_offsets_of_records_a_failover_took_back_are_read() -> None:
+def test_sends_given_the_offsets_of_records_a_failover_took_back_are_read(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # p0:3 and p1:2 reached only the old master; on the new one p1:2 (retried) and p2:0 took
     # offsets 3 and 4 and went on. Going on from offset 5 skipped p2:0 and p1:2's new copy.
     old = ["p0:0", "p1:0", "p0:1", "p0:3", "p1:2"]
@@ -124,12 +128,19 @@ def test_sends_given_the_offsets_of_records_a_failover_took_back_are_read() -> N
     assert "p2:0" in got, f"the send at the offset a failover took back was skipped: {got}"
     # What it read of the new master, in its order, after the records both hold.
     assert got[-3:] == new[3:]
+    assert (
+        f"the broker at {NEW} does not hold what this consumer read at queue offset 3 "
+        "(a failover took it back); reading again from 3"
+    ) in caplog.text
 
 
-def test_a_new_master_holding_everything_read_is_not_read_again() -> None:
+def test_a_new_master_holding_everything_read_is_not_read_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     old = ["p0:0", "p1:0", "p0:1"]
     new = [*old, "p1:1"]
     assert asyncio.run(failover(old, new, taken_back=0)) == new
+    assert "does not hold" not in caplog.text
 
 
 def test_a_new_master_shorter_than_what_was_read_is_read_from_its_end() -> None:
@@ -148,4 +159,4 @@ def test_a_check_steps_back_one_record_at_a_time_and_stops_at_the_oldest_remembe
     assert lineage.judge(4, broker_pb2.FOUND, other, 9) is None
     assert lineage.check_offset() == 2
     assert lineage.judge(4, broker_pb2.FOUND, [record(2, "y", NEW)], 9) == 2
-    assert not lineage.checking
+    assert not lineage.checking and lineage.parted_at == 2

@@ -45,6 +45,8 @@ class Lineage:
         self._marks: deque[Mark] = deque(maxlen=depth)
         self._source: str | None = None
         self.checking = False
+        # The oldest pulled record the last check found missing from the broker; None: none.
+        self.parted_at: int | None = None
 
     def pulled(self, address: str, messages: Sequence[Any]) -> None:
         """A pull from ``address`` answered; ``messages`` are what it brought."""
@@ -55,12 +57,17 @@ class Lineage:
         """A pull failed: the broker may come back with a shorter log (an old master restarts
         as a slave and cuts what it alone held), so the next answer is checked."""
         if self._marks:
+            self._start_check()
+
+    def _start_check(self) -> None:
+        if not self.checking:
             self.checking = True
+            self.parted_at = None
 
     def reading_from(self, address: str) -> None:
         """The next pull goes to ``address``; another broker than the last one is checked."""
         if self._marks and self._source is not None and address != self._source:
-            self.checking = True
+            self._start_check()
 
     def check_offset(self) -> int:
         """The queue offset a check reads: the newest record not yet ruled out."""
@@ -88,6 +95,7 @@ class Lineage:
             # The broker's queue ends before it: nothing pulled from that end on was kept.
             while self._marks and self._marks[-1].queue_offset >= max_offset:
                 gone = self._marks.pop()
+        self.parted_at = gone.queue_offset
         if self._marks:
             return None
         self.checking = False

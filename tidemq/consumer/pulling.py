@@ -126,17 +126,16 @@ class Puller:
     def _check(self, st: QueueState, address: str, resp: Any) -> None:
         """A check's answer (``lineage``): go on from where this broker's log and what the
         queue's pulls read still agree, dropping what was buffered beyond."""
-        checked = st.lineage.check_offset()
         resume = st.lineage.judge(st.next_pull, resp.status, resp.messages, resp.max_offset)
         if resume is None:
             return  # check one record back
-        if resume <= checked:
+        if st.lineage.parted_at is not None:
             log.warning(
                 "%s: the broker at %s does not hold what this consumer read at queue offset %d "
                 "(a failover took it back); reading again from %d",
                 st.mq,
                 address,
-                checked,
+                st.lineage.parted_at,
                 resume,
             )
         if resume < st.next_pull:
