@@ -7,7 +7,9 @@
 - **Reading from slaves**: when a group's master fails a call (unreachable, timed out), the
   consumer reads that group's queues from its slaves, commits there, and tries the master again
   after ``master_retry_ms``. Its position is kept: a slave that has not yet replicated as far
-  as the consumer got is waited for, never read from an older offset.
+  as the consumer got is waited for, never read from an older offset. After any move (or a
+  failed pull) the broker must show it holds the newest records pulled (``lineage``); a
+  failover that took them back rewinds the queue to where the logs agree.
 - **Broadcasting**: every member reads every queue; offsets are kept in a local file per group
   and ``instance_name``, as RocketMQ's LocalFileOffsetStore.
 
@@ -18,8 +20,9 @@ without it, ``commit()`` commits everything returned so far. A new group starts 
 ``start_from`` position: ``"last"`` (only new messages), ``"first"``, or a timestamp in ms.
 
 The modules: ``consumer`` (the API), ``membership`` (heartbeats, the member list, which queues
-this member owns), ``pulling`` (a queue's state and its pull task), ``offsets`` (commits and
-start positions), ``brokers`` (which broker of a group to call: master or slave), ``config``.
+this member owns), ``pulling`` (a queue's state and its pull task), ``lineage`` (what a queue's
+pulls read, checked after a move to another broker), ``offsets`` (commits and start
+positions), ``brokers`` (which broker of a group to call: master or slave), ``config``.
 
 Receive/ack consumption (RocketMQ 5's SimpleConsumer and PushConsumer; no queue is owned, the
 brokers keep each message's delivery state): ``simple`` (``SimpleConsumer``), ``push``

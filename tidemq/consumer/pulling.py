@@ -14,6 +14,7 @@ from typing import Any
 
 from tidemq.consumer.brokers import CALL_TIMEOUT_S, Brokers
 from tidemq.consumer.config import ConsumerConfig
+from tidemq.consumer.lineage import Lineage
 from tidemq.errors import TidemqError
 from tidemq.protos import broker_pb2
 from tidemq.routes import MessageQueue
@@ -34,6 +35,7 @@ class QueueState:
     buffer: deque[ReceivedMessage] = field(default_factory=deque)
     space: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    lineage: Lineage = field(default_factory=Lineage)
 
 
 class Puller:
@@ -76,18 +78,20 @@ class Puller:
                 st.space.clear()
                 await st.space.wait()
                 continue
-            request = broker_pb2.PullMessageRequest(
-                group=self.group,
-                topic=st.mq.topic,
-                queue_id=st.mq.queue_id,
-                offset=st.next_pull,
-                max_messages=cfg.pull_batch_size,
-                max_bytes=cfg.pull_max_bytes,
-                tag_expression=cfg.tags,
-                long_poll_timeout_ms=cfg.long_poll_ms,
-            )
             try:
                 address, from_master = await self._brokers.read_address(st.mq)
+                st.lineage.reading_from(address)
+                checking = st.lineage.checking
+                request = broker_pb2.PullMessageRequest(
+                    group=self.group,
+                    topic=st.mq.topic,
+                    queue_id=st.mq.queue_id,
+                    offset=st.lineage.check_offset() if checking else st.next_pull,
+                    max_messages=1 if checking else cfg.pull_batch_size,
+                    max_bytes=cfg.pull_max_bytes,
+                    tag_expression=cfg.tags,
+                    long_poll_timeout_ms=0 if checking else cfg.long_poll_ms,
+                )
                 resp = await self._brokers.invoke(
                     st.mq,
                     address,
@@ -99,17 +103,48 @@ class Puller:
                 self._report(e)
                 log.warning("pulling %s failed: %s", st.mq, e)
                 self._brokers.routes.invalidate(st.mq.topic)
+                st.lineage.failed()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
-            if not from_master and resp.status == broker_pb2.OFFSET_OVERFLOW:
+            if not from_master and (
+                resp.status == broker_pb2.OFFSET_OVERFLOW
+                or (checking and resp.status == broker_pb2.NO_NEW_MESSAGE)
+            ):
                 # A slave behind our position (it has not replicated what the master gave us):
                 # wait for it, or for the master, rather than step back and deliver twice.
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             backoff = 0.05
+            if checking:
+                self._check(st, address, resp)
+                continue
             self._apply_pull(st, resp)
+            st.lineage.pulled(address, resp.messages)
+
+    def _check(self, st: QueueState, address: str, resp: Any) -> None:
+        """A check's answer (``lineage``): go on from where this broker's log and what the
+        queue's pulls read still agree, dropping what was buffered beyond."""
+        resume = st.lineage.judge(st.next_pull, resp.status, resp.messages, resp.max_offset)
+        if resume is None:
+            return  # check one record back
+        if st.lineage.parted_at is not None:
+            log.warning(
+                "%s: the broker at %s does not hold what this consumer read at queue offset %d "
+                "(a failover took it back); reading again from %d",
+                st.mq,
+                address,
+                st.lineage.parted_at,
+                resume,
+            )
+        if resume < st.next_pull:
+            while st.buffer and st.buffer[-1].queue_offset >= resume:
+                st.buffer.pop()
+            st.next_pull = resume
+            st.delivered = min(st.delivered, resume)
+            st.processed = min(st.processed, resume)
+        st.lineage.pulled(address, ())
 
     def _apply_pull(self, st: QueueState, resp: Any) -> None:
         status = resp.status
