@@ -1,8 +1,9 @@
-"""The official RocketMQ 5 Python client (PyPI rocketmq-python-client 5.1.2, in .venv-rocketmq)
-against a real tidemq broker's ``--rocketmq-listen`` endpoint, unmodified, in its own process:
-sends of every kind, the SimpleConsumer and the PushConsumer, and messages crossing to and from
-tidemq's own SDK. The checks are shared with the other official client
-(tests/integration/official_clients.py)."""
+"""The official RocketMQ 5 clients, each unmodified in its own environment and process, against a
+real tidemq broker's ``--rocketmq-listen`` endpoint: the Python client (PyPI
+rocketmq-python-client 5.1.2, in .venv-rocketmq) and the Node.js client (npm
+rocketmq-client-nodejs 1.0.8, in tests/interop/node). Each test runs once per client: sends of
+every kind, the SimpleConsumer and the PushConsumer, and messages crossing to and from tidemq's
+own SDK (the checks: tests/integration/official_clients.py)."""
 
 from __future__ import annotations
 
@@ -13,20 +14,30 @@ import pytest
 
 from tests.integration import official_clients as scenario
 from tests.integration.official_clients import V2Cluster, client_programs, v2_cluster
-from tests.interop.clients import PYTHON, Programs
+from tests.interop.clients import NODE, PYTHON, OfficialClient, Programs
 
 pytestmark = pytest.mark.integration
 
 
+# The docs page shows one example per client; the test runs it as printed.
+DOCS_EXAMPLES = {"python": "official_python_client.py", "node": "official_node_client.js"}
+
+
+@pytest.fixture(scope="module", params=[PYTHON, NODE], ids=lambda c: c.name)
+def client(request: pytest.FixtureRequest) -> OfficialClient:
+    return request.param  # type: ignore[no-any-return]
+
+
 @pytest.fixture(scope="module")
-def v2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
+def v2(client: OfficialClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[V2Cluster]:
+    """A cluster per client: the scenarios' topics and groups are the same for both."""
     with v2_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def programs(tmp_path: Path) -> Iterator[Programs]:
-    with client_programs(PYTHON, tmp_path) as p:
+def programs(client: OfficialClient, tmp_path: Path) -> Iterator[Programs]:
+    with client_programs(client, tmp_path) as p:
         yield p
 
 
@@ -85,4 +96,4 @@ def test_a_message_sent_by_tidemqs_sdk_is_received_by_the_official_client(
 
 
 def test_the_docs_example_sends_and_receives(v2: V2Cluster, programs: Programs) -> None:
-    scenario.docs_example(v2, programs, "official_python_client.py")
+    scenario.docs_example(v2, programs, DOCS_EXAMPLES[programs.client.name])
