@@ -26,7 +26,6 @@ from tidemq.services.nameserver.registry import (
 )
 from tidemq.services.nameserver.route_table import (
     MASTER_ID,
-    BrokerData,
     BrokerLive,
     BrokerRegistration,
     BrokerRole,
@@ -35,6 +34,7 @@ from tidemq.services.nameserver.route_table import (
     StaleEpochError,
     TopicQueues,
 )
+from tidemq.services.nameserver.route_wire import broker_data_to_wire, route_to_wire
 from tidemq.storage.errors import InvalidTopicError
 from tidemq.storage.record import validate_topic
 
@@ -165,17 +165,6 @@ def registration_from_wire(request: Any) -> BrokerRegistration:
     )
 
 
-def _broker_data_to_wire(b: BrokerData) -> Any:
-    return nameserver_pb2.BrokerData(
-        cluster=b.cluster,
-        broker_name=b.broker_name,
-        addresses=b.addresses,
-        ha_addresses=b.ha_addresses,
-        epoch=b.epoch,
-        rocketmq_addresses=b.rocketmq_addresses,
-    )
-
-
 def _broker_live_to_wire(b: BrokerLive) -> Any:
     reg = b.registration
     return nameserver_pb2.BrokerLiveInfo(
@@ -268,19 +257,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):  # type: ignor
         route = await self._registry.route(topic)
         if route is None:
             raise not_found(f"no broker group serves topic {topic!r}", E.ROUTE_NOT_FOUND)
-        return nameserver_pb2.QueryRouteResponse(
-            topic=route.topic,
-            queues=[
-                nameserver_pb2.QueueData(
-                    broker_name=q.broker_name,
-                    read_queue_nums=q.read_queue_nums,
-                    write_queue_nums=q.write_queue_nums,
-                    perm=q.perm,
-                )
-                for q in route.queues
-            ],
-            brokers=[_broker_data_to_wire(b) for b in route.brokers],
-        )
+        return route_to_wire(route)
 
     async def _cluster_info(self) -> Any:
         clusters = await self._registry.cluster_info()
@@ -288,7 +265,7 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):  # type: ignor
             clusters=[
                 nameserver_pb2.ClusterData(
                     cluster=c.cluster,
-                    groups=[_broker_data_to_wire(g) for g in c.groups],
+                    groups=[broker_data_to_wire(g) for g in c.groups],
                     brokers=[_broker_live_to_wire(b) for b in c.brokers],
                 )
                 for c in clusters

@@ -19,7 +19,7 @@ from tidemq.services.broker.receive.dead_letter import is_dead_letter_topic
 from tidemq.services.broker.rocketmq.status import StatusError
 from tidemq.services.broker.topics import PERM_READ, PERM_WRITE
 from tidemq.services.nameserver.registry import RegistryUnavailableError
-from tidemq.services.nameserver.route_table import TopicRoute
+from tidemq.services.nameserver.route_wire import route_to_wire
 from tidemq.services.nameserver.zk_registry import ZooKeeperRegistry
 
 log = logging.getLogger(__name__)
@@ -115,32 +115,6 @@ def assignments(
             )
         )
     return out
-
-
-def route_to_wire(route: TopicRoute) -> nameserver_pb2.QueryRouteResponse:
-    """A registry's route as the nameserver answers it."""
-    return nameserver_pb2.QueryRouteResponse(
-        topic=route.topic,
-        queues=[
-            nameserver_pb2.QueueData(
-                broker_name=q.broker_name,
-                read_queue_nums=q.read_queue_nums,
-                write_queue_nums=q.write_queue_nums,
-                perm=q.perm,
-            )
-            for q in route.queues
-        ],
-        brokers=[
-            nameserver_pb2.BrokerData(
-                cluster=b.cluster,
-                broker_name=b.broker_name,
-                addresses=b.addresses,
-                rocketmq_addresses=b.rocketmq_addresses,
-                epoch=b.epoch,
-            )
-            for b in route.brokers
-        ],
-    )
 
 
 class RouteSource:
