@@ -189,6 +189,10 @@ class AutomaticFailover:
 
     # -- what the Broker service exposes -----------------------------------------------------
 
+    def log_epoch(self) -> int:
+        """The epoch of the newest entry in this broker's epoch list (pull answers carry it)."""
+        return self.epochs.last_epoch
+
     def confirm_cap(self) -> int | None:
         """Under confirm_offset: what consumers of this broker may see."""
         if not self.role.is_master:

@@ -201,6 +201,7 @@ class Broker:
             replication_status=self.replication_status,
             role=self.role,
             confirm_cap=self._confirm_cap,
+            log_epoch=self.failover.log_epoch if self.failover is not None else None,
             failover=self.failover,
             receive=factories.receive,
             transactions=factories.transactions,

@@ -55,6 +55,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         replication_status: Callable[[], Any] | None = None,
         role: RoleState | None = None,
         confirm_cap: Callable[[], int | None] | None = None,
+        log_epoch: Callable[[], int] | None = None,
         failover: FailoverControl | None = None,
         receive: Callable[[BrokerChecks], ReceiveService] | None = None,
         transactions: Callable[[BrokerChecks], TransactionService] | None = None,
@@ -81,7 +82,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             self.transactions.service if self.transactions is not None else None,
             timer_service.scheduling if timer_service is not None else None,
         )
-        self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics, groups)
+        self.pull = PullHandler(checks, store, waiters, confirm_cap, metrics, groups, log_epoch)
         self.lookups = LookupHandlers(checks, store, metrics)
         self.consumers = ConsumerHandlers(checks, clients, groups, offsets, metrics)
         self.topic_admin = TopicAdminHandlers(checks, publish_topics, metrics)

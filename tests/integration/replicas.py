@@ -136,6 +136,12 @@ def pull_messages(
         offset = r.next_offset
 
 
+def log_epoch(b: BrokerProcess, queue_id: int = 0, topic: str = "orders") -> int:
+    """The log epoch a pull answer of ``b`` carries."""
+    request = broker_pb2.PullMessageRequest(group="g", topic=topic, queue_id=queue_id, offset=0)
+    return int(b.stub().PullMessage(request, timeout=10).log_epoch)
+
+
 def pull_queue(b: BrokerProcess, queue_id: int, topic: str = "orders") -> list[tuple[int, bytes]]:
     """Everything in one queue, as (queue offset, body)."""
     return [(m.queue_offset, m.body) for m in pull_messages(b, queue_id, topic)]

@@ -22,7 +22,7 @@ from tests.integration.failover import (
     check_history,
     group_fixture,  # noqa: F401 - the group fixture
 )
-from tests.integration.replicas import max_offset, pull_queue
+from tests.integration.replicas import log_epoch, max_offset, pull_queue
 from tests.integration.zookeeper import ZooKeeperServer
 from tests.waiting import wait_until
 
@@ -131,6 +131,7 @@ def test_an_old_master_truncates_its_unacknowledged_tail_when_it_rejoins(
     # (the failover below takes it back).
     shown = [body for _, body in pull_queue(group.brokers[first], tail[0].queue_id)]
     assert shown == [b"replicated"]
+    assert log_epoch(group.brokers[first], tail[0].queue_id) == 1
     group.kill(first)
     for i in others:
         group.start(i)
@@ -149,6 +150,9 @@ def test_an_old_master_truncates_its_unacknowledged_tail_when_it_rejoins(
     group.wait_isr({1, 2, 3})
     with tidemq.Producer(ns.address) as producer:
         assert producer.send("orders", "after").ok
+    # Its pulls answer the epoch its log, cut back, grows under now, so a consumer that read the
+    # cut tail from it checks its position instead of going on past the records that replaced it.
+    assert log_epoch(group.brokers[first], tail[0].queue_id) == 2
     admin.close()
 
 

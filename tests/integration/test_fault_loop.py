@@ -29,7 +29,14 @@ import pytest
 
 import tidemq
 from tests.integration.conftest import StartBroker, StartNameServer
-from tests.integration.failover import SESSION_MS, Group, History, Producers, check_history
+from tests.integration.failover import (
+    SESSION_MS,
+    Answer,
+    Group,
+    History,
+    Producers,
+    check_history,
+)
 from tests.integration.zookeeper import StartZooKeeper, ZooKeeperServer
 from tests.waiting import wait_until
 from tests.workers import Worker
@@ -50,6 +57,7 @@ class ConsumerThread(Worker):
         super().__init__(name="consumer")
         self.nameserver = nameserver
         self.seen: set[str] = set()
+        self.newest: dict[int, int] = {}  # queue id -> the newest queue offset received
         self.stopping = threading.Event()
         self.lock = threading.Lock()
 
@@ -63,12 +71,27 @@ class ConsumerThread(Worker):
                 except tidemq.errors.TidemqError:
                     continue  # a failover in progress: the next poll tries again
                 with self.lock:
-                    self.seen.update(m.body.decode() for m in got)
+                    for m in got:
+                        self.seen.add(m.body.decode())
+                        newest = self.newest.get(m.queue_id, -1)
+                        self.newest[m.queue_id] = max(newest, m.queue_offset)
 
     def has(self, bodies: set[str]) -> bool:
         self.check()
         with self.lock:
             return bodies <= self.seen
+
+    def missing(self, acknowledged: list[Answer]) -> str:
+        """What a failure says: the acknowledged sends never received, where they were stored,
+        and how far the consumer got in each queue."""
+        with self.lock:
+            lost = [a for a in acknowledged if a.body not in self.seen]
+            newest = dict(sorted(self.newest.items()))
+        where = ", ".join(
+            f"{a.body} (queue {a.queue_id} offset {a.queue_offset} epoch {a.epoch})"
+            for a in sorted(lost, key=lambda a: (a.queue_id, a.queue_offset))[:12]
+        )
+        return f"{len(lost)} never received: {where}; newest offset received per queue: {newest}"
 
 
 def kill_master(group: Group, zk: ZooKeeperServer) -> None:
@@ -189,8 +212,12 @@ def test_fault_loop_loses_nothing_acknowledged(
                 producers.resume()
                 clean[fault.__name__] += 1
                 print(f"round {n} ({fault.__name__}): clean in {time.monotonic() - started:.1f} s")
-        acked = {a.body for a in history.acknowledged()}
-        wait_until(lambda: consumer.has(acked), 60, "the consumer to receive every SEND_OK")
+        acknowledged = history.acknowledged()
+        acked = {a.body for a in acknowledged}
+        try:
+            wait_until(lambda: consumer.has(acked), 60, "the consumer to receive every SEND_OK")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {consumer.missing(acknowledged)}") from None
     finally:
         consumer.stopping.set()
         consumer.finish(30)

@@ -48,6 +48,7 @@ class FakeBrokers:
         self.queues = queues
         self.read = read
         self.down: set[str] = set()
+        self.epochs: dict[str, int] = {}  # each address's log epoch (0: none)
         self.routes = FakeRoutes()
 
     async def read_address(self, mq: MessageQueue) -> tuple[str, bool]:
@@ -60,20 +61,27 @@ class FakeBrokers:
         await asyncio.sleep(0.001)
         if address in self.down:
             raise BrokerUnavailableError(f"{address} is down", code="UNAVAILABLE")
-        queue = self.queues[address]
+        queue, epoch = self.queues[address], self.epochs.get(address, 0)
         end, offset = len(queue), request.offset
         if offset > end:
             return broker_pb2.PullMessageResponse(
-                status=broker_pb2.OFFSET_OVERFLOW, next_offset=end, max_offset=end
+                status=broker_pb2.OFFSET_OVERFLOW, next_offset=end, max_offset=end, log_epoch=epoch
             )
         if offset == end:
             await asyncio.sleep(0.005)  # the long poll, cut short
             return broker_pb2.PullMessageResponse(
-                status=broker_pb2.NO_NEW_MESSAGE, next_offset=offset, max_offset=end
+                status=broker_pb2.NO_NEW_MESSAGE,
+                next_offset=offset,
+                max_offset=end,
+                log_epoch=epoch,
             )
         got = queue[offset : offset + request.max_messages]
         return broker_pb2.PullMessageResponse(
-            status=broker_pb2.FOUND, messages=got, next_offset=offset + len(got), max_offset=end
+            status=broker_pb2.FOUND,
+            messages=got,
+            next_offset=offset + len(got),
+            max_offset=end,
+            log_epoch=epoch,
         )
 
 
@@ -130,6 +138,45 @@ def test_sends_given_the_offsets_of_records_a_failover_took_back_are_read(
     assert got[-3:] == new[3:]
     assert (
         f"the broker at {NEW} does not hold what this consumer read at queue offset 3 "
+        "(a failover took it back); reading again from 3"
+    ) in caplog.text
+
+
+async def cut_in_place(old: list[str], new: list[str], taken_back: int) -> list[str]:
+    """A consumer reads the master's queue ``old`` at epoch 2; without a failed pull or a move,
+    the same broker's log is cut back by ``taken_back`` records and grows again as ``new`` at
+    epoch 3 (a frozen master that thawed and returned as a slave while the route still names
+    it). Every body the consumer buffered, once it is at the end of ``new``."""
+    shared = len(old) - taken_back
+    brokers = FakeBrokers({OLD: [record(i, b, OLD) for i, b in enumerate(old)]}, OLD)
+    brokers.epochs[OLD] = 2
+    errors: list[TidemqError] = []
+    config = ConsumerConfig(long_poll_ms=5)
+    puller = Puller("audit", config, brokers, asyncio.Event(), errors.append)  # type: ignore[arg-type]
+    st = puller.start(MQ, 0)
+    try:
+        await bodies_until(st, lambda got: len(got) == len(old))
+        brokers.queues[OLD] = [record(i, b, OLD) for i, b in enumerate(old[:shared])] + [
+            record(shared + i, f"{b}", NEW) for i, b in enumerate(new[shared:])
+        ]
+        brokers.epochs[OLD] = 3
+        await bodies_until(st, lambda got: st.next_pull == len(new))
+        await asyncio.sleep(0.02)  # nothing more comes
+        return [m.body.decode() for m in st.buffer]
+    finally:
+        await puller.stop(st)
+
+
+def test_a_broker_whose_log_was_cut_back_under_the_consumer_is_read_again_where_it_parted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    old = ["p0:0", "p1:0", "p0:1", "p0:3", "p1:2"]
+    new = ["p0:0", "p1:0", "p0:1", "p1:2", "p2:0", "p0:4"]
+    got = asyncio.run(cut_in_place(old, new, taken_back=2))
+    assert "p2:0" in got, f"the send at the offset the cut took back was skipped: {got}"
+    assert got[-3:] == new[3:]
+    assert (
+        f"the broker at {OLD} does not hold what this consumer read at queue offset 3 "
         "(a failover took it back); reading again from 3"
     ) in caplog.text
 

@@ -10,7 +10,14 @@ the newest record it pulled: the same record (message id, which names its Commit
 and its store and born times) means the broker's log is the one it read, since replicas are
 byte-identical up to where they part; another record, or none, means they parted at or before
 it, and the check steps back one pulled record at a time. The consumer goes on after the newest
-record that matched (at least once: what it read beyond it may come again)."""
+record that matched (at least once: what it read beyond it may come again).
+
+A broker can also change under a consumer without a move or a failed call: a master frozen past
+its lease answers the pulls it held once it thaws, then returns as a slave and cuts its tail
+back, and the route still names it until it is refreshed. So every pull's answer carries the
+epoch of the answering log's newest entry (``log_epoch``), which a cut log changes before it
+serves the records that replaced the cut ones; an answer at another epoch than the queue's
+pulls read is dropped and checked the same way."""
 
 from __future__ import annotations
 
@@ -44,14 +51,24 @@ class Lineage:
     def __init__(self, depth: int = DEPTH) -> None:
         self._marks: deque[Mark] = deque(maxlen=depth)
         self._source: str | None = None
+        self._epoch: int | None = None  # the log epoch of the answers the marks came from
         self.checking = False
         # The oldest pulled record the last check found missing from the broker; None: none.
         self.parted_at: int | None = None
 
-    def pulled(self, address: str, messages: Sequence[Any]) -> None:
-        """A pull from ``address`` answered; ``messages`` are what it brought."""
+    def pulled(self, address: str, messages: Sequence[Any], log_epoch: int = 0) -> None:
+        """A pull from ``address`` answered at ``log_epoch``; ``messages`` are what it brought."""
         self._source = address
+        self._epoch = log_epoch
         self._marks.extend(map(mark_of, messages[-DEPTH:]))
+
+    def answered_at(self, log_epoch: int) -> bool:
+        """A pull's answer came from a log at ``log_epoch``. True (and a check begins) when the
+        pulls so far read another epoch: the answer must not be taken until the check is done."""
+        if self._marks and self._epoch is not None and log_epoch != self._epoch:
+            self._start_check()
+            return True
+        return False
 
     def failed(self) -> None:
         """A pull failed: the broker may come back with a shorter log (an old master restarts

@@ -120,8 +120,10 @@ class Puller:
             if checking:
                 self._check(st, address, resp)
                 continue
+            if st.lineage.answered_at(resp.log_epoch):
+                continue  # the broker's log changed epoch since the last pull: check first
             self._apply_pull(st, resp)
-            st.lineage.pulled(address, resp.messages)
+            st.lineage.pulled(address, resp.messages, resp.log_epoch)
 
     def _check(self, st: QueueState, address: str, resp: Any) -> None:
         """A check's answer (``lineage``): go on from where this broker's log and what the
@@ -144,7 +146,7 @@ class Puller:
             st.next_pull = resume
             st.delivered = min(st.delivered, resume)
             st.processed = min(st.processed, resume)
-        st.lineage.pulled(address, ())
+        st.lineage.pulled(address, (), resp.log_epoch)
 
     def _apply_pull(self, st: QueueState, resp: Any) -> None:
         status = resp.status

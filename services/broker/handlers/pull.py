@@ -35,6 +35,7 @@ class PullHandler:
         confirm_cap: Callable[[], int | None] | None,
         metrics: BrokerMetrics | None,
         groups: SubscriptionGroupManager | None = None,
+        log_epoch: Callable[[], int] | None = None,
     ) -> None:
         self.checks = checks
         self.groups = groups
@@ -44,6 +45,7 @@ class PullHandler:
         # Under confirm_offset, pulls see only what in-sync slaves hold.
         self._confirm_cap = confirm_cap if self.config.replication.confirm_offset else None
         self.metrics = metrics
+        self._log_epoch = log_epoch
 
     @typed_errors
     async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -55,7 +57,12 @@ class PullHandler:
                 answer.messages,
                 answer.message_bytes,
             )
-        return answer.encoded
+        epoch = self._log_epoch() if self._log_epoch is not None else 0
+        if not epoch:
+            return answer.encoded
+        # Read after the records, so an answer never pairs an older epoch with records of a
+        # log cut back since; appended as its own field (protobuf merges concatenated messages).
+        return answer.encoded + broker_pb2.PullMessageResponse(log_epoch=epoch).SerializeToString()
 
     async def _pull(self, request: Any) -> PullAnswer:
         checks = self.checks
