@@ -200,15 +200,27 @@ def test_normal_messages_spread_over_the_queues(broker: BrokerProcess) -> None:
     assert {k.queue_id for k in stored(broker, "spread", 8)} == {0, 1, 2, 3}
 
 
-def test_a_delayed_send_answers_a_recall_handle(broker: BrokerProcess) -> None:
+def test_a_delayed_send_answers_a_recall_handle_that_recalls_it_under_the_clients_id(
+    broker: BrokerProcess,
+) -> None:
     at = timestamp_pb2.Timestamp()
     at.GetCurrentTime()
     at.seconds += 3600
     with v2_client(broker) as client:
         routed(client)
         r = client.send(message(TOPIC, b"later", message_type=v2.DELAY, delivery_timestamp=at))
-    assert r.status.code == v2.OK
-    assert r.entries[0].recall_handle
+        assert r.status.code == v2.OK
+        sent = r.entries[0]
+        assert sent.recall_handle
+        recall = service_pb2.RecallMessageRequest(
+            topic=v2.Resource(name=TOPIC), recall_handle=sent.recall_handle
+        )
+        answer = client.call("RecallMessage", recall)
+        assert answer.status.code == v2.OK
+        # The id the send answered (the client's own), not the broker's record id.
+        assert answer.message_id == sent.message_id
+        again = client.call("RecallMessage", recall)
+    assert again.status.code != v2.OK, "a recalled message is no longer pending"
 
 
 @pytest.mark.parametrize(

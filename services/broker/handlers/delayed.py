@@ -23,8 +23,8 @@ class DelayedHandlers:
 
     @typed_errors
     async def RecallMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        msg_id = await self.service.recall(request.topic, request.recall_handle)
-        return broker_pb2.RecallMessageResponse(msg_id=msg_id)
+        recalled = await self.service.recall(request.topic, request.recall_handle)
+        return broker_pb2.RecallMessageResponse(msg_id=recalled.msg_id)
 
     @typed_errors
     async def ListDelayedMessages(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -73,12 +73,10 @@ class V2Transactions:
             raise StatusError(C.NOT_IMPLEMENTED, "this broker takes no delayed messages")
         if not request.recall_handle:
             raise StatusError(C.BAD_REQUEST, "recall_handle is required")
-        ours = broker_pb2.RecallMessageRequest(
-            topic=request.topic.name, recall_handle=request.recall_handle
-        )
-        handle: Any = DelayedHandlers.RecallMessage.__wrapped__  # type: ignore[attr-defined]
-        answer = await handle(self.delayed, ours, context)
-        return service_pb2.RecallMessageResponse(status=ok(), message_id=answer.msg_id)
+        recalled = await self.delayed.service.recall(request.topic.name, request.recall_handle)
+        # The id its send answered: the client's own, as SendMessage answers it.
+        message_id = recalled.client_message_id or recalled.msg_id
+        return service_pb2.RecallMessageResponse(status=ok(), message_id=message_id)
 
     # ------------------------------------------------------------------ checks
     def watch_checks(self, client: V2Client) -> None:

@@ -20,7 +20,7 @@ import asyncio
 import heapq
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
@@ -45,7 +45,7 @@ from tidemq.services.broker.timer.wheel import TimerWheel
 from tidemq.services.errors import ServiceError, invalid, not_found
 from tidemq.storage import Message, MessageStore, PutResult, PutStatus, StoredMessage
 from tidemq.storage.clock import now_ms
-from tidemq.storage.record import PROP_TIMER_DELIVER_MS, TIMER_TOPIC, make_msg_id
+from tidemq.storage.record import PROP_TIMER_DELIVER_MS, PROP_UNIQ_KEY, TIMER_TOPIC, make_msg_id
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,11 @@ MAX_BATCHES_PER_TICK = 64
 _SCAN_CHUNK = 4096
 # ConsumeQueue entries a wheel rebuild adds per step of the event loop.
 REBUILD_CHUNK = 16_384
+
+
+class RecalledMessage(NamedTuple):
+    msg_id: str  # the id tidemq's send answered: its timer record's
+    client_message_id: str  # the id a RocketMQ 5 client gave it and was answered (UNIQ_KEY), or ""
 
 
 class TimerCounters(Protocol):
@@ -263,8 +268,8 @@ class TimerService:
             log.warning("%s short of durability: %s", what, status.name)
 
     # ------------------------------------------------------------------ recall
-    async def recall(self, topic: str, text: str) -> str:
-        """Recall a pending timer; answers (its msg_id) when the ``Recalled`` is durable."""
+    async def recall(self, topic: str, text: str) -> RecalledMessage:
+        """Recall a pending timer; answers (its ids) when the ``Recalled`` is durable."""
         if not topic:
             raise invalid("topic is required")
         try:
@@ -293,7 +298,9 @@ class TimerService:
         self._applied(put, event, record.body)
         await self._durable(put, "a recall")
         self.counters.recalled()
-        return make_msg_id(rec.store_host, rec.phy_offset)
+        return RecalledMessage(
+            make_msg_id(rec.store_host, rec.phy_offset), rec.properties.get(PROP_UNIQ_KEY, "")
+        )
 
     def _timer_record(self, handle: RecallHandle) -> StoredMessage | None:
         try:
