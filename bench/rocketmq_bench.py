@@ -125,11 +125,15 @@ def own(broker: BenchBroker, run: int, args: argparse.Namespace) -> dict[str, An
 
         window = Window(args.concurrency)
         window.run(send, [body] * args.warmup)
-        cpu0 = broker.cpu_s()
+        requests0, cpu0 = producer.stats.requests, broker.cpu_s()
         r = measured(window, send, [body] * args.messages)
         cpu = broker.cpu_s() - cpu0
+        r.update(
+            body_bytes=args.body_bytes,
+            messages_per_request=round(args.messages / (producer.stats.requests - requests0), 2),
+        )
     stored = broker.topic_messages(OWN_TOPIC) - before
-    out = case_figures("own", run, {**r, "body_bytes": args.body_bytes}, cpu, stored)
+    out = case_figures("own", run, r, cpu, stored)
     out["stored_as_sent"] = stored == args.warmup + args.messages
     return out
 

@@ -62,6 +62,7 @@ def test_rocketmq_bench_measures_both_protocols_and_their_broker_cpu_ratio() -> 
         assert (case["messages"], case["concurrency"]) == (MESSAGES, CONCURRENCY), case
         assert case["msgs_per_s"] > 0 and case["broker_cpu_us_per_msg"] > 0, case
         assert 0 < case["p50_us"] <= case["p99_us"], case
+    assert by_bench["own"]["messages_per_request"] == 1, by_bench["own"]  # as the client's
     batched = by_bench["own_batched"]
     assert batched["statuses"] == {"SEND_OK": BATCHED} and batched["stored_as_sent"], batched
     assert batched["messages_per_request"] > 1, batched  # the SDK batched: one call, many
