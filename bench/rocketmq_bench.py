@@ -174,9 +174,9 @@ class OfficialProducer:
             try:
                 e = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise self._failed(f"no {kind!r} within {PROGRAM_TIMEOUT_S:.0f} s") from None
+                raise self.failed(f"no {kind!r} within {PROGRAM_TIMEOUT_S:.0f} s") from None
             if e is None:
-                raise self._failed(f"it exited before {kind!r}")
+                raise self.failed(f"it exited before {kind!r}")
             if e.get("event") == kind:
                 return e
 
@@ -191,16 +191,16 @@ class OfficialProducer:
         try:
             self.proc.wait(PROGRAM_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise self._failed("it did not exit once told to") from None
+            raise self.failed("it did not exit once told to") from None
         if self.proc.returncode != 0:
-            raise self._failed(f"it exited with {self.proc.returncode}")
+            raise self.failed(f"it exited with {self.proc.returncode}")
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def _failed(self, what: str) -> RuntimeError:
+    def failed(self, what: str) -> RuntimeError:
         self.kill()
         with open(self.stderr_path, errors="replace") as f:
             stderr = f.read()[-4000:]
@@ -222,7 +222,7 @@ def v2(broker: V2Broker, run: int, args: argparse.Namespace, scratch: str) -> di
     try:
         warm = program.event("warm")
         if set(warm["statuses"]) - {SEND_OK}:
-            raise program._failed(f"warm-up sends failed: {warm['statuses']}")
+            raise program.failed(f"warm-up sends failed: {warm['statuses']}")
         cpu0 = broker.cpu_s()
         program.tell("go\n")
         done = program.event("done")
