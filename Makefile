@@ -123,13 +123,15 @@ system-deps:
 # semantics (delayed delivery, idempotent and transactional sends) and Spark pipeline figures
 # and, measured in the same run, their ceilings (perfkit's mmap append and gRPC cases;
 # offset-based consumption for receive/ack; plain produce beside idempotent; tidemq bench
-# consume and a sequential file read for the pipeline).
-bench: venv
+# consume and a sequential file read for the pipeline), and the official Python client on the
+# RocketMQ 5 listener beside tidemq's own protocol (the broker's CPU per message on each).
+bench: venv $(ROCKETMQ_STAMP)
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/receive_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/production_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/rocketmq_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/failover_bench.py
 	$(PY) bench/pipeline_bench.py
 
