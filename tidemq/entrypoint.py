@@ -8,8 +8,9 @@ server, which drains and stops cleanly), with their flags taken from, in order o
    ``--broker-name broker-a``; a switch such as ``--auto-create-topics`` is on for ``true``/``1``;
 3. for the broker, its TOML config (``--config``): ``/etc/tidemq/broker.toml`` when mounted;
 4. container defaults: listen on all interfaces (9876, 10911), the store on the volume
-   ``/var/lib/tidemq/store``, metrics on ``0.0.0.0:9108``, and the broker advertising this
-   container's IP address with its port.
+   ``/var/lib/tidemq/store``, metrics on ``0.0.0.0:9108``, RocketMQ 5's protocol on
+   ``0.0.0.0:8081``, and the broker advertising this container's IP address with each port.
+   An empty value (``TIDEMQ_ROCKETMQ_LISTEN=``) turns a listener off.
 
 Two values serve StatefulSets, where every pod has the same spec: ``--broker-id ordinal`` is the
 pod's ordinal (the number that ends its host name), ``ordinal+1`` that plus one (automatic
@@ -49,8 +50,12 @@ DEFAULTS: Mapping[str, Mapping[str, str]] = {
         "listen": "0.0.0.0:10911",
         "store_dir": DEFAULT_STORE,
         "metrics_listen": "0.0.0.0:9108",
+        "rocketmq_listen": "0.0.0.0:8081",
     },
 }
+# A broker's listeners and the flags naming the address others reach each at: by default this
+# container's address with the listener's port.
+ADVERTISED = (("--listen", "--advertise"), ("--rocketmq-listen", "--rocketmq-advertise"))
 ORDINAL = "ordinal"
 # "ordinal" or "ordinal+N": automatic failover numbers brokers from 1 (0 is the master's id).
 ORDINAL_ID = re.compile(r"ordinal(?:\+(\d+))?")
@@ -182,8 +187,14 @@ def plan(argv: Sequence[str], env: Mapping[str, str], hostname: str) -> Launch:
             args += [dests[dest], value]
     listen = _given(args, "--listen") or str(config.get("listen", ""))
     port = listen.rpartition(":")[2]
-    if command == "broker" and _given(args, "--advertise") is None and "advertise" not in config:
-        args += ["--advertise", f"{_own_address()}:{port}"]
+    if command == "broker":
+        for listen_flag, advertise_flag in ADVERTISED:
+            address = _given(args, listen_flag)
+            if address is None:
+                address = str(config.get(options[listen_flag].dest, ""))
+            advertised = _given(args, advertise_flag) is not None
+            if address and not advertised and options[advertise_flag].dest not in config:
+                args += [advertise_flag, f"{_own_address()}:{address.rpartition(':')[2]}"]
     args = _resolve_ordinals(args, hostname)
     return Launch([command, *args], f"127.0.0.1:{port}")
 

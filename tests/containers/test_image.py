@@ -1,11 +1,19 @@
 """The image itself, as the cluster runs it: an unprivileged user, a HEALTHCHECK that follows
-the server, a clean stop on SIGTERM, and a broker's store that outlives its process."""
+the server, a clean stop on SIGTERM, a broker's store that outlives its process, and RocketMQ 5's
+protocol served by default for the official clients."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import grpc
+
 from tests.containers.conftest import MakeCluster
+from tests.interop.clients import PYTHON, ROOT, Programs
 from tests.waiting import wait_until
 from tidemq import SendStatus
+from tidemq.protos.rocketmq import definition_pb2 as v2
+from tidemq.protos.rocketmq import service_pb2, service_pb2_grpc
 
 
 def test_image_runs_unprivileged_and_its_healthcheck_follows_the_server(
@@ -48,3 +56,47 @@ def test_sigterm_stops_a_broker_cleanly_and_its_store_survives_a_restart(
         wait_until(all_back, 30, "the messages stored before the restart")
     with cluster.producer() as producer:
         assert producer.send("orders", b"after").status is SendStatus.SEND_OK
+
+
+def test_the_official_python_client_finds_and_uses_every_broker_through_any_brokers_v2_port(
+    make_cluster: MakeCluster, tmp_path: Path
+) -> None:
+    """Brokers of the image serve RocketMQ 5's protocol with no flag, advertising their container
+    address: the slave's listener answers the route naming the master, and the docs' Python
+    example, given only the slave's endpoint, sends to and receives from the master."""
+    cluster = make_cluster(slaves=1, nameservers=1)
+    master, slave = cluster.master(), cluster.slaves()[0]
+    with cluster.admin() as admin:
+        admin.create_topic("example-orders", queues=2)
+
+    with grpc.insecure_channel(slave.rocketmq_address) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+
+        def route() -> dict[str, set[int]]:
+            """Each v2 address the route names, with the permissions of its queues (none while
+            the topic is not routed yet: TOPIC_NOT_FOUND)."""
+            answer = stub.QueryRoute(
+                service_pb2.QueryRouteRequest(topic=v2.Resource(name="example-orders")),
+                metadata=(("x-mq-client-id", "test-image"),),
+                timeout=5,
+            )
+            named: dict[str, set[int]] = {}
+            for q in answer.message_queues:
+                (address,) = q.broker.endpoints.addresses
+                named.setdefault(f"{address.host}:{address.port}", set()).add(q.permission)
+            return named
+
+        wanted = {master.rocketmq_address: {v2.READ_WRITE}, slave.rocketmq_address: {v2.READ}}
+        wait_until(lambda: route() == wanted, 30, f"the slave's route naming {wanted}")
+
+    programs = Programs(PYTHON, tmp_path / "clients")
+    try:
+        example = ROOT / "docs" / "examples" / "official_python_client.py"
+        lines = programs.run_script(example, slave.rocketmq_address)
+    finally:
+        programs.close()
+    sent = [line.split()[1] for line in lines if line.startswith("sent ")]
+    received = [line.split() for line in lines if line.startswith("received ")]
+    assert len(sent) == 1 and len(received) == 1, lines
+    assert received[0][1:3] == [sent[0], "created"]
+    assert cluster.rocketmq_endpoints == ";".join(n.rocketmq_address for n in (master, slave))

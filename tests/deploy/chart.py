@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -74,3 +75,30 @@ def container(workload: dict[str, Any]) -> dict[str, Any]:
 def flag(args: list[str], name: str) -> str | None:
     """The value after ``name`` in a container's args (None if absent)."""
     return args[args.index(name) + 1] if name in args else None
+
+
+# helm 3.10 prints NOTES.txt only on install (which needs a cluster): a copy of the chart gets
+# one more template that renders NOTES.txt, by its template name, into a ConfigMap.
+_NOTES_PROBE = """apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: rendered-notes
+data:
+  NOTES.txt: {{ include (print .Template.BasePath "/NOTES.txt") . | quote }}
+"""
+
+
+def render_notes(values: Mapping[str, Any] | None = None) -> str:
+    """What ``helm install`` would print after installing the chart with ``values``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / CHART.name
+        shutil.copytree(CHART, chart)
+        (chart / "templates" / "zz-rendered-notes.yaml").write_text(_NOTES_PROBE)
+        done = run_helm(
+            "template", RELEASE, str(chart), "--namespace", NAMESPACE,
+            "--kube-version", KUBE_VERSION, "--show-only", "templates/zz-rendered-notes.yaml",
+            values=values,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    notes: str = yaml.safe_load(done.stdout)["data"]["NOTES.txt"]
+    return notes

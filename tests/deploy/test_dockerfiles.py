@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tidemq import entrypoint
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = sorted(ROOT.glob("docker/**/Dockerfile"))
 HADOLINT = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which(
@@ -45,3 +47,20 @@ def test_every_ignored_rule_has_a_reason(dockerfile: Path) -> None:
             assert reason.startswith("#") and not reason.startswith("# hadolint"), (
                 f"{dockerfile}:{i + 1}: ignored rule without a reason above it"
             )
+
+
+def test_the_image_exposes_every_port_its_servers_listen_on_by_default() -> None:
+    """The entrypoint's default listeners (tidemq.entrypoint.DEFAULTS), the RocketMQ 5 one
+    included, are the image's EXPOSE list: what `docker run -P` publishes."""
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    exposed = {
+        int(p) for line in text.splitlines() if line.startswith("EXPOSE ") for p in line.split()[1:]
+    }
+    listening = {
+        int(address.rpartition(":")[2])
+        for defaults in entrypoint.DEFAULTS.values()
+        for key, address in defaults.items()
+        if key.endswith("listen")
+    }
+    assert 8081 in listening
+    assert exposed == listening

@@ -3,12 +3,14 @@ broker.toml and container defaults, in that order; StatefulSet ordinals."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from tidemq import entrypoint
+from tidemq import cli, entrypoint
 from tidemq.entrypoint import EntrypointError, plan
+from tidemq.services.broker import config as broker_config
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +104,41 @@ def test_other_commands_pass_through_unchanged() -> None:
 
 def test_healthcheck_without_a_started_server_fails(tmp_path: Path) -> None:
     assert entrypoint.healthcheck({"TIDEMQ_HEALTH_FILE": str(tmp_path / "none")}) == 1
+
+
+def broker_config_of(argv: list[str]) -> broker_config.BrokerConfig:
+    """The BrokerConfig the broker builds from what the entrypoint runs (its TOML and flags)."""
+    parsed = vars(cli.build_parser().parse_args(argv))
+    keys = {f.name for f in dataclasses.fields(broker_config.BrokerConfig)}
+    return broker_config.load(parsed.get("config"), {k: parsed[k] for k in keys if k in parsed})
+
+
+def test_the_broker_serves_the_rocketmq_protocol_advertising_this_container_by_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(entrypoint, "_own_address", lambda: "10.1.2.3")
+    cfg = broker_config_of(plan(["broker"], {}, HOST).argv)
+    assert cfg.rocketmq_listen == "0.0.0.0:8081"
+    assert cfg.rocketmq_advertised == "10.1.2.3:8081"  # what the routes name: reachable
+    moved = plan(["broker"], {"TIDEMQ_ROCKETMQ_LISTEN": "0.0.0.0:18081"}, HOST).argv
+    assert broker_config_of(moved).rocketmq_advertised == "10.1.2.3:18081"
+    named = {"TIDEMQ_ROCKETMQ_ADVERTISE": "mq.example:443"}
+    assert broker_config_of(plan(["broker"], named, HOST).argv).rocketmq_advertised == (
+        "mq.example:443"
+    )
+
+
+def test_an_empty_rocketmq_listen_turns_the_listener_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """From the environment or the mounted config (as the Helm chart writes it when off): no
+    listener, and no advertised address the broker would refuse without one."""
+    monkeypatch.setattr(entrypoint, "_own_address", lambda: "10.1.2.3")
+    off = plan(["broker"], {"TIDEMQ_ROCKETMQ_LISTEN": ""}, HOST).argv
+    assert "--rocketmq-advertise" not in off
+    assert broker_config_of(off).rocketmq_advertised == ""
+    toml = tmp_path / "broker.toml"
+    toml.write_text('rocketmq_listen = ""\n')
+    off = plan(["broker", "--config", str(toml)], {}, HOST).argv
+    assert "--rocketmq-listen" not in off and "--rocketmq-advertise" not in off
+    assert broker_config_of(off).rocketmq_advertised == ""

@@ -32,7 +32,7 @@ from tidemq.testing.config import (
     ZOOKEEPER_TICK_MS,
     broker_toml,
 )
-from tidemq.testing.node import Kind, Node, wait_for
+from tidemq.testing.node import ROCKETMQ_PORT, Kind, Node, wait_for
 
 
 def _start(container: DockerContainer, attempts: int = 3) -> None:
@@ -63,7 +63,9 @@ class TidemqCluster:
     (``nameserver-0``, ...), and ``broker_groups`` groups of a master and ``slaves`` slaves
     (``broker-a-0`` is broker-a's master, ``broker-a-1`` its first slave). Brokers read
     ``broker_config`` (BrokerConfig keys, over small test defaults) from a mounted
-    ``/etc/tidemq/broker.toml``, as the Helm chart runs them.
+    ``/etc/tidemq/broker.toml``, as the Helm chart runs them. Every broker also serves RocketMQ
+    5's protocol on port 8081 (the image's default; ``rocketmq_listen`` in ``broker_config``
+    moves it, ``""`` turns it off) for the official RocketMQ clients: ``rocketmq_endpoints``.
 
     Use it as a context manager: on the way out every container and the network are removed, and
     when the block raised, every node's log is written to ``logs_dir`` (a temporary directory by
@@ -161,6 +163,15 @@ class TidemqCluster:
             raise
         return self
 
+    @property
+    def rocketmq_port(self) -> int | None:
+        """The brokers' RocketMQ 5 port: the image's default unless ``broker_config`` sets
+        ``rocketmq_listen`` (``""``: off, None here)."""
+        listen = self.broker_config.get("rocketmq_listen")
+        if listen is None:
+            return ROCKETMQ_PORT
+        return int(str(listen).rpartition(":")[2]) if listen else None
+
     def _add(
         self,
         name: str,
@@ -184,7 +195,8 @@ class TidemqCluster:
             container.with_command(command)
         if broker_toml is not None:
             container.with_copy_into_container(broker_toml, "/etc/tidemq/broker.toml")
-        node = Node(name, kind, container, self.network)
+        v2_port = self.rocketmq_port if kind is Kind.BROKER else None
+        node = Node(name, kind, container, self.network, rocketmq_port=v2_port)
         self.nodes[name] = node
         _start(container)
         return node
@@ -280,6 +292,14 @@ class TidemqCluster:
 
     def admin(self) -> Admin:
         return Admin(self.nameserver_address)
+
+    @property
+    def rocketmq_endpoints(self) -> str:
+        """``IP:8081;IP:8081``: every broker's RocketMQ 5 address, what an official RocketMQ 5
+        client takes as ``endpoints`` (any one broker would do: it answers the routes of all)."""
+        if self.rocketmq_port is None:
+            raise RuntimeError("the brokers serve no RocketMQ 5 protocol (rocketmq_listen is off)")
+        return ";".join(n.rocketmq_address for n in self.brokers())
 
     def routed_brokers(self, nameserver: str | Node | None = None) -> set[str]:
         """``broker-a/0``, ... as a nameserver (default: the first) routes them right now."""

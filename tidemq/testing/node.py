@@ -26,6 +26,8 @@ class Kind(enum.Enum):
 
 
 PORTS = {Kind.ZOOKEEPER: 2181, Kind.NAMESERVER: 9876, Kind.BROKER: 10911}
+# The image's default RocketMQ 5 listener (tidemq.entrypoint).
+ROCKETMQ_PORT = 8081
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -63,11 +65,19 @@ class Node:
     pod's name ends in its broker id (``broker-a-1``), as in a StatefulSet.
     """
 
-    def __init__(self, name: str, kind: Kind, container: DockerContainer, network: Network):
+    def __init__(
+        self,
+        name: str,
+        kind: Kind,
+        container: DockerContainer,
+        network: Network,
+        rocketmq_port: int | None = None,
+    ):
         self.name = name
         self.kind = kind
         self.container = container
         self.network = network
+        self.rocketmq_port = rocketmq_port  # a broker's RocketMQ 5 listener; None: off
         self._ip: str | None = None  # the last known one, kept across disconnect()
 
     def __repr__(self) -> str:
@@ -106,6 +116,14 @@ class Node:
     def address(self) -> str:
         """``IP:PORT`` of its service (gRPC for tidemq nodes, the client port for ZooKeeper)."""
         return f"{self.ip}:{self.port}"
+
+    @property
+    def rocketmq_address(self) -> str:
+        """``IP:PORT`` of a broker's RocketMQ 5 listener, what its routes name (the official
+        RocketMQ clients' ``endpoints``)."""
+        if self.rocketmq_port is None:
+            raise RuntimeError(f"{self.name} serves no RocketMQ 5 protocol")
+        return f"{self.ip}:{self.rocketmq_port}"
 
     def logs(self) -> str:
         out, err = self.container.get_logs()

@@ -209,12 +209,31 @@ Validation: every rule adds its message; the render fails once with all of them.
 {{- $m = append $m (printf "%s.podAntiAffinityPreset: must be soft or hard, got %v" $what $preset) -}}
 {{- end -}}
 {{- end -}}
+{{- /* The ports in use: a disabled listener's port does not matter. */ -}}
+{{- $used := dict "broker.containerPorts.grpc" $v.broker.containerPorts.grpc "nameserver.containerPorts.grpc" $v.nameserver.containerPorts.grpc "nameserver.service.ports.grpc" $v.nameserver.service.ports.grpc -}}
+{{- if $v.metrics.enabled -}}
+{{- $_ := set $used "broker.containerPorts.metrics" $v.broker.containerPorts.metrics -}}
+{{- end -}}
+{{- if $v.broker.rocketmq.enabled -}}
+{{- $_ := set $used "broker.containerPorts.rocketmq" $v.broker.containerPorts.rocketmq -}}
+{{- $_ := set $used "broker.service.ports.rocketmq" $v.broker.service.ports.rocketmq -}}
+{{- end -}}
+{{- range $what, $port := $used -}}
+{{- if not (regexMatch "^[0-9]+$" (toString $port)) -}}
+{{- $m = append $m (printf "%s: must be a port number (1 to 65535), got %v" $what $port) -}}
+{{- else if or (lt (int $port) 1) (gt (int $port) 65535) -}}
+{{- $m = append $m (printf "%s: must be a port number (1 to 65535), got %v" $what $port) -}}
+{{- end -}}
+{{- end -}}
 {{- $ports := list (int $v.broker.containerPorts.grpc) -}}
 {{- if $v.metrics.enabled -}}
 {{- $ports = append $ports (int $v.broker.containerPorts.metrics) -}}
 {{- end -}}
+{{- if $v.broker.rocketmq.enabled -}}
+{{- $ports = append $ports (int $v.broker.containerPorts.rocketmq) -}}
+{{- end -}}
 {{- if ne (len $ports) (len (uniq $ports)) -}}
-{{- $m = append $m "broker.containerPorts: grpc and metrics must be different ports" -}}
+{{- $m = append $m "broker.containerPorts: grpc, metrics (with metrics.enabled) and rocketmq (with broker.rocketmq.enabled) must be different ports" -}}
 {{- end -}}
 {{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) -}}
 {{- $m = append $m "metrics.serviceMonitor.enabled needs metrics.enabled=true (nothing to scrape otherwise)" -}}
