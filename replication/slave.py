@@ -163,3 +163,34 @@ class SlaveSession:
 
     def lag_bytes(self) -> int:
         return max(0, self.master_max_offset - (self.expected_offset or 0))
+
+
+class ReconnectBackoff:
+    """How long the slave waits before its next attempt to link: exponential in the attempts
+    made since the master last changed, from ``min_s`` up to ``max_s``.
+
+    A new master starts again from the shortest wait. The registry often names the new master
+    a moment before it serves replication (it refuses "not the master now" until its election
+    completes); a wait grown on the old, dead master's refusals would keep the new master's
+    slave away for up to ``max_s``, and a SYNC_MASTER without its slave answers sends and acks
+    short of their durability (SLAVE_NOT_AVAILABLE) meanwhile. Attempts are numbered from 1,
+    as tenacity numbers them (``wait(attempt)`` is the wait after attempt ``attempt`` failed).
+    """
+
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s = min_s
+        self.max_s = max_s
+        self._before_master = 0  # attempts made before the current master was named
+        self._master_changed = False
+
+    def master_changed(self) -> None:
+        self._master_changed = True
+
+    def wait(self, attempt: int) -> float:
+        if self._master_changed or attempt <= self._before_master:
+            # Named since the last wait: this attempt was the first that could reach it. (An
+            # attempt number below the mark: a new series of attempts.)
+            self._master_changed = False
+            self._before_master = attempt - 1
+        n = attempt - self._before_master
+        return float(min(self.max_s, self.min_s * 2 ** (n - 1)))

@@ -4,8 +4,9 @@ It connects to the master's HA address (learnt from registration), handshakes wi
 own log (``log.slave_probes``), cuts its log back if the master says so, appends the chunks with
 ``append_raw`` (the store's dispatch thread then rebuilds ConsumeQueues and index from them), and
 reports how far it got: under ``slave_flush = "sync"`` only as far as it has flushed, one flush
-per burst of chunks. A dropped link is reconnected with tenacity's exponential backoff, cut
-short when the registry names a new master.
+per burst of chunks. A dropped link is reconnected with tenacity and an exponential backoff
+(``slave.ReconnectBackoff``), cut short, and started again from its shortest wait, when the
+registry names a new master.
 
 The decisions live in ``slave.py``; this module reads the clock, moves messages
 (protos/replication.proto) and calls the store.
@@ -19,14 +20,14 @@ import logging
 from typing import Any
 
 import grpc
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from tidemq.protos import replication_pb2, replication_pb2_grpc
 from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig, SlaveFlush
 from tidemq.replication.epochs import BACKUP_SUFFIX, FILE_NAME, EpochFile
 from tidemq.replication.handshake import Identity
 from tidemq.replication.log import slave_probes
-from tidemq.replication.slave import ProtocolError, ResyncFrom, SlaveSession
+from tidemq.replication.slave import ProtocolError, ReconnectBackoff, ResyncFrom, SlaveSession
 from tidemq.storage import MessageStore
 from tidemq.storage.clock import monotonic_ms
 from tidemq.storage.errors import StoreError
@@ -82,6 +83,9 @@ class SlaveClient:
         self.confirm_offset = 0
         self._call: Any = None
         self._relink = asyncio.Event()  # a new master: cut a reconnect backoff short
+        self._reconnect = ReconnectBackoff(
+            config.reconnect_min_ms / 1000, config.reconnect_max_ms / 1000
+        )
 
     def set_master(self, address: str, epoch: int = 0) -> None:
         """The master's HA address (and, under automatic failover, its epoch), as the registry
@@ -93,6 +97,7 @@ class SlaveClient:
         self.group_epoch = max(self.group_epoch, epoch)
         self._address_known.set()
         self._relink.set()
+        self._reconnect.master_changed()
         if self._call is not None:
             self._call.cancel()
 
@@ -105,16 +110,11 @@ class SlaveClient:
         self._relink.clear()
 
     async def run(self) -> None:
-        cfg = self.config
         await self._address_known.wait()
         while True:
             retrying = AsyncRetrying(
                 retry=retry_if_exception_type(LinkDown),
-                wait=wait_exponential(
-                    multiplier=cfg.reconnect_min_ms / 1000,
-                    min=cfg.reconnect_min_ms / 1000,
-                    max=cfg.reconnect_max_ms / 1000,
-                ),
+                wait=lambda state: self._reconnect.wait(state.attempt_number),
                 before_sleep=self._log_retry,
                 sleep=self._backoff,
             )

@@ -294,7 +294,7 @@ def test_brokers_on_zookeeper_route_every_group_without_a_nameserver(
     assert endpoints == {"broker-a": a.rocketmq_address, "broker-b": b.rocketmq_address}
 
 
-def test_a_slave_routes_its_group_read_only_and_refuses_sends_as_forbidden(
+def test_a_slave_is_routed_without_usable_queues_and_refuses_sends_as_forbidden(
     nameserver: NameServerProcess, start_broker: StartBroker
 ) -> None:
     # A cluster of its own: the slave would change the other tests' routes.
@@ -310,7 +310,7 @@ def test_a_slave_routes_its_group_read_only_and_refuses_sends_as_forbidden(
         wait_until(slave_routed, 20, "the slave in the v2 route")
         queues = client.query_route(TOPIC).message_queues
         by_broker = {(q.broker.id, q.permission) for q in queues}
-        assert by_broker == {(0, v2.READ_WRITE), (1, v2.READ)}
+        assert by_broker == {(0, v2.READ_WRITE), (1, v2.NONE)}
         slave_port = {q.broker.endpoints.addresses[0].port for q in queues if q.broker.id == 1}
         assert slave_port == {int(slave.rocketmq_address.rsplit(":", 1)[1])}
         refused = client.send(message(TOPIC, b"to a slave"))

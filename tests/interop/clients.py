@@ -144,6 +144,12 @@ class Program:
         with self._lock:
             return list(self.noise)
 
+    def tell(self, line: str) -> None:
+        """One line on its stdin (a program that stays reads commands there)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
     def finish(self, timeout_s: float = PROGRAM_TIMEOUT_S, done: bool = True) -> list[Event]:
         """Closes its stdin (a program that stays then shuts its client down), waits for it to
         end with exit 0 (and ``done`` if asked), and returns every event."""

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.replication.slave import ProtocolError, ResyncFrom, SlaveSession, TruncateTo
+from tidemq.replication.slave import (
+    ProtocolError,
+    ReconnectBackoff,
+    ResyncFrom,
+    SlaveSession,
+    TruncateTo,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -148,3 +154,20 @@ def test_sync_slave_flush_groups_a_burst_of_chunks_up_to_the_cap() -> None:
     assert s.flush_due(more_waiting=True)  # 350 unflushed bytes reached the cap of 300
     s.on_flushed(450)
     assert s.ack_offset() == 450
+
+
+def test_reconnect_waits_grow_then_start_again_short_for_a_new_master() -> None:
+    """A failover: the old master refused five attempts (waits grown to its cap); the
+    registry names the new master, whose first answer is still "not the master now"; the next
+    attempt comes after the shortest wait, not after the old master's longest."""
+    b = ReconnectBackoff(0.2, 5.0)
+    assert [b.wait(n) for n in range(1, 7)] == [0.2, 0.4, 0.8, 1.6, 3.2, 5.0]
+    b.master_changed()
+    assert [b.wait(n) for n in range(7, 10)] == [0.2, 0.4, 0.8]
+
+
+def test_a_new_series_of_attempts_starts_from_the_shortest_wait() -> None:
+    b = ReconnectBackoff(0.2, 5.0)
+    assert [b.wait(n) for n in range(1, 5)] == [0.2, 0.4, 0.8, 1.6]
+    # The link was healthy for a while, then ended: tenacity numbers from 1 again.
+    assert [b.wait(n) for n in range(1, 3)] == [0.2, 0.4]

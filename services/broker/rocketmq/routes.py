@@ -2,8 +2,13 @@
 each naming its broker's v2 endpoint (the address the broker registered beside its own).
 
 A master (broker id 0) gets READ_WRITE queues (WRITE or READ where the topic's write and read
-queue counts differ), a slave READ ones; a broker that serves no v2 listener is left out. The
-mapping is pure; ``RouteSource`` asks the nameservers (or ZooKeeper)."""
+queue counts differ); a slave is named with queues of permission NONE, so that clients know
+its endpoint (they open their channel and Telemetry stream to it before it may become the
+master) but neither send nor receive there: a slave refuses both, and the Node.js client
+(1.0.8) receives from any broker's queue 0 that is readable (it compares the queue id, not the
+broker id, with the master's id 0), so readable slave queues made half its receives fail. A
+broker that serves no v2 listener is left out. The mapping is pure; ``RouteSource`` asks the
+nameservers (or ZooKeeper)."""
 
 from __future__ import annotations
 
@@ -73,12 +78,16 @@ def message_queues(
             continue
         for broker_id, address in sorted(group.rocketmq_addresses.items()):
             readable = bool(q.perm & PERM_READ)
-            writable = bool(q.perm & PERM_WRITE) and may_write and broker_id == MASTER_ID
+            writable = bool(q.perm & PERM_WRITE) and may_write
             reads = q.read_queue_nums if readable else 0
             writes = q.write_queue_nums if writable else 0
             broker = C.Broker(name=q.broker_name, id=broker_id, endpoints=endpoints(address))
             for queue_id in range(max(reads, writes)):
-                permission = _permission(queue_id < reads, queue_id < writes)
+                permission = (
+                    _permission(queue_id < reads, queue_id < writes)
+                    if broker_id == MASTER_ID
+                    else int(C.NONE)
+                )
                 out.append(
                     C.MessageQueue(
                         topic=topic,
@@ -120,7 +129,11 @@ def assignments(
 class RouteSource:
     """A topic's route as this broker knows the cluster: from its nameservers (the first that
     answers), else from the ZooKeeper registry it registers in (read as a nameserver reads it),
-    else as this broker alone serves it (``own_route``)."""
+    else as this broker alone serves it (``own_route``).
+
+    One channel per nameserver for the listener's life (clients ask for routes every 30 s
+    each, and a connection per question would cost a TCP and HTTP/2 handshake each time);
+    closed at ``stop``."""
 
     def __init__(
         self,
@@ -131,14 +144,29 @@ class RouteSource:
         self.nameservers = nameservers
         self.own_route = own_route
         self.zookeeper = zookeeper
+        self._stubs: dict[str, nameserver_pb2_grpc.NameServerStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
 
     async def start(self) -> None:
         if self.zookeeper is not None:
             await self.zookeeper.start()
 
     async def stop(self) -> None:
+        channels, self._channels, self._stubs = self._channels, [], {}
+        for channel in channels:
+            await channel.close()
         if self.zookeeper is not None:
             await self.zookeeper.stop()
+
+    def _stub(self, nameserver: str) -> nameserver_pb2_grpc.NameServerStub:
+        stub = self._stubs.get(nameserver)
+        if stub is None:
+            # Made on first use, in the loop that serves the calls (grpc.aio binds a channel
+            # to the running loop).
+            channel = grpc.aio.insecure_channel(nameserver)
+            self._channels.append(channel)
+            stub = self._stubs[nameserver] = nameserver_pb2_grpc.NameServerStub(channel)
+        return stub
 
     async def route(self, topic: str) -> nameserver_pb2.QueryRouteResponse:
         if self.nameservers:
@@ -158,20 +186,19 @@ class RouteSource:
     async def _ask_nameservers(self, topic: str) -> nameserver_pb2.QueryRouteResponse:
         failures = []
         for nameserver in self.nameservers:
+            stub = self._stub(nameserver)
             try:
-                async with grpc.aio.insecure_channel(nameserver) as channel:
-                    stub = nameserver_pb2_grpc.NameServerStub(channel)
-                    answer: nameserver_pb2.QueryRouteResponse = await stub.QueryRoute(
-                        nameserver_pb2.QueryRouteRequest(topic=topic),
-                        timeout=NAMESERVER_TIMEOUT_S,
-                    )
-                    return answer
+                answer: nameserver_pb2.QueryRouteResponse = await stub.QueryRoute(
+                    nameserver_pb2.QueryRouteRequest(topic=topic), timeout=NAMESERVER_TIMEOUT_S
+                )
             except grpc.aio.AioRpcError as e:
                 if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT):
                     raise StatusError(
                         C.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist: {e.details()}"
                     ) from None
                 failures.append(f"{nameserver}: {e.code().name} {e.details()}")
+            else:
+                return answer
         log.warning("no nameserver answered the route of %r: %s", topic, "; ".join(failures))
         raise StatusError(
             C.INTERNAL_SERVER_ERROR,
