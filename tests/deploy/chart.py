@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from tidemq import entrypoint
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tidemq"
 KUBE_VERSION = "1.29.0"
@@ -102,3 +104,26 @@ def render_notes(values: Mapping[str, Any] | None = None) -> str:
     assert done.returncode == 0, done.stderr
     notes: str = yaml.safe_load(done.stdout)["data"]["NOTES.txt"]
     return notes
+
+
+Rendered = tuple[dict[str, Any], list[dict[str, Any]], Path]  # values, objects, broker.toml
+
+
+def workloads_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [*of_kind(objects, "Deployment").values(), *of_kind(objects, "StatefulSet").values()]
+
+
+def broker_sets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        name: o
+        for name, o in of_kind(objects, "StatefulSet").items()
+        if o["metadata"]["labels"]["app.kubernetes.io/component"] == "broker"
+    }
+
+
+def pod_flags(sts: dict[str, Any], ordinal: int, toml: Path) -> list[str]:
+    """What the entrypoint runs in pod ``ordinal`` of a broker StatefulSet."""
+    args = list(container(sts)["args"])
+    args[args.index("--config") + 1] = str(toml)  # mounted at /etc/tidemq in the pod
+    hostname = f"{sts['metadata']['name']}-{ordinal}"
+    return entrypoint.plan(args, {}, hostname).argv
