@@ -125,6 +125,41 @@ class ConsumeQueue:
         self.max_physic_offset = phy + size
         return WRITTEN
 
+    def put_run(self, first_queue_offset: int, entries: bytes, allow_prefill: bool) -> int:
+        """Append packed entries at consecutive queue offsets from ``first_queue_offset`` on:
+        what ``put`` of each entry in turn would write, in one copy per file. The entries this
+        queue already holds are DUPLICATEs and skipped; GAP (nothing written) when entries are
+        missing before the first new one."""
+        n = len(entries) // ENTRY_SIZE
+        skip = max(0, self.max_offset - first_queue_offset) if self.mfq.files else 0
+        while skip < n:  # a replay's entries, known by their CommitLog position
+            phy, size, _ = ENTRY.unpack_from(entries, skip * ENTRY_SIZE)
+            if phy + size > self.max_physic_offset:
+                break
+            skip += 1
+        if skip == n:
+            return DUPLICATE
+        expected = (first_queue_offset + skip) * ENTRY_SIZE
+        if not self.mfq.files and expected:
+            if not allow_prefill:
+                return GAP
+            self._prefill(expected)
+        if expected != self.mfq.max_offset:
+            return GAP if expected > self.mfq.max_offset else DUPLICATE
+        with memoryview(entries) as view:
+            rest = view[skip * ENTRY_SIZE :]
+            at = expected
+            while rest:
+                f = self.mfq.file_for_append(at)
+                take = min(len(rest), f.size - f.wrote)
+                f.mm[f.wrote : f.wrote + take] = rest[:take]
+                f.wrote += take
+                at += take
+                rest = rest[take:]
+        phy, size, _ = ENTRY.unpack_from(entries, (n - 1) * ENTRY_SIZE)
+        self.max_physic_offset = phy + size
+        return WRITTEN
+
     def _prefill(self, expected: int) -> None:
         f = self.mfq.file_for_append(expected)
         pad = expected - f.base_offset

@@ -14,22 +14,19 @@ import threading
 from collections.abc import Callable, Iterable
 
 from tidemq.storage.commitlog import CommitLog
-from tidemq.storage.consume_queue import GAP, ConsumeQueue
+from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, GAP, ConsumeQueue
 from tidemq.storage.errors import CorruptRecordError, CorruptStoreError
 from tidemq.storage.index_service import IndexService
-from tidemq.storage.record import (
-    CORRUPT,
-    END_OF_FILE,
-    OK,
-    TRANSACTION_MASK,
-    TRANSACTION_PREPARED,
-    TRANSACTION_ROLLBACK,
-    RecordInfo,
-)
+from tidemq.storage.record import CORRUPT, END_OF_FILE, INCOMPLETE, OK
+from tidemq.storage.record.block import SpanScan, scan_span
 
 log = logging.getLogger(__name__)
 
-_INDEX_BATCH = 1024  # messages with keys gathered before their index entries are written
+_INDEX_BATCH = 1024  # messages with keys whose index entries are written in one call
+# Records per scan: enough to make the per-call cost vanish, few enough that a recovery pass over
+# a whole file does not hold millions of gathered entries at once.
+_SPAN_RECORDS = 4096
+_EARLY_BLANK = "blank marker before the rest of its file arrived"
 
 DispatchListener = Callable[[str, int, int], None]
 """Called with (topic, queue id, new max queue offset) after new entries become readable."""
@@ -139,48 +136,54 @@ class Dispatcher:
         kept in ``error`` so the owner can refuse to go further; ``stopped_at`` says where and
         why it last stopped short of ``end``. CRCs are checked from ``verify_from`` (default:
         the CommitLog's trusted end).
+
+        The records are walked a span at a time (``scan_span``, compiled): each span's
+        ConsumeQueue entries are written one run per queue and its keys indexed in one batch.
+        A span is applied whole before ``offset`` moves past it, and applying is idempotent, so
+        a failure half-way is made good by dispatching the span again.
         """
         cl = self.commitlog
         touched: dict[tuple[str, int], int] = {}
-        # Index work is gathered and done in batches: one lock and one header write per batch
-        # instead of per message. ``first`` is where the gathered messages start.
-        keyed: list[tuple[str, int, int, list[bytes]]] = []
-        first = self.offset
         count = 0
         self.stopped_at = None
         verify = cl.trusted_end if verify_from is None else verify_from
-        try:
-            for at, status, info in cl.iter_records(self.offset, end, verify):
-                if status == OK:
-                    assert isinstance(info, RecordInfo)
-                    if not keyed:
-                        first = at
-                    self._apply(info, allow_prefill, touched, keyed)
-                    self.offset = at + info.size
-                    if at >= cl.trusted_end:
-                        cl.trusted_end = self.offset
-                    count += 1
-                    if len(keyed) >= _INDEX_BATCH:
-                        self._index(keyed)
-                    if max_records is not None and count >= max_records:
-                        break
-                elif status == END_OF_FILE:
-                    self.offset = at - at % cl.file_size + cl.file_size
-                    if at >= cl.trusted_end:
-                        cl.trusted_end = self.offset
-                else:
-                    self.stopped_at = (at, status, str(info))
-                    if status == CORRUPT and (self.error is None or self.error.offset != at):
-                        self.error = CorruptRecordError(at, str(info))
-                        log.error("dispatch stopped before a corrupt record: %s", self.error)
+        while self.offset < end and (max_records is None or count < max_records):
+            f = cl.mfq.find_file(self.offset)
+            if f is None:
+                break
+            base = f.base_offset
+            left = _SPAN_RECORDS if max_records is None else min(_SPAN_RECORDS, max_records - count)
+            scan = scan_span(
+                f.mm,
+                self.offset - base,
+                min(f.wrote, end - base),
+                base,
+                verify,
+                cl.record_crc,
+                left,
+            )
+            self._apply(scan, allow_prefill, touched)
+            count += scan.scanned
+            at = base + scan.end
+            self._advance(at)
+            if scan.status == OK:
+                if scan.scanned < left:
+                    break  # reached ``end`` or the file's written part
+            elif scan.status == END_OF_FILE:
+                if f.wrote < f.size:
+                    self.stopped_at = (
+                        at,
+                        INCOMPLETE,
+                        "blank marker before the rest of its file arrived",
+                    )
                     break
-            self._index(keyed)
-        except BaseException:
-            if keyed:
-                # Their queue entries are written but not their keys: dispatch them again
-                # (queue entries are idempotent) rather than leave them unindexed.
-                self.offset = first
-            raise
+                self._advance(f.end_offset)
+            else:
+                self.stopped_at = (at, scan.status, str(scan.reason))
+                if scan.status == CORRUPT and (self.error is None or self.error.offset != at):
+                    self.error = CorruptRecordError(at, str(scan.reason))
+                    log.error("dispatch stopped before a corrupt record: %s", self.error)
+                break
         for (topic, qid), max_q in touched.items():
             for listener in self.listeners:
                 try:
@@ -189,35 +192,30 @@ class Dispatcher:
                     log.exception("dispatch listener %r failed", listener)
         return count
 
+    def _advance(self, offset: int) -> None:
+        self.offset = offset
+        cl = self.commitlog
+        cl.trusted_end = max(cl.trusted_end, offset)  # checked now, as far as dispatched
+
     def _index(self, keyed: list[tuple[str, int, int, list[bytes]]]) -> None:
-        if keyed:
-            assert self.index is not None
+        if keyed and self.index is not None:
             (self.index_sink or self.index.build_index_many)(keyed)
-            keyed.clear()
 
     def _apply(
-        self,
-        info: RecordInfo,
-        allow_prefill: bool,
-        touched: dict[tuple[str, int], int],
-        keyed: list[tuple[str, int, int, list[bytes]]],
+        self, scan: SpanScan, allow_prefill: bool, touched: dict[tuple[str, int], int]
     ) -> None:
-        tx = info.sys_flag & TRANSACTION_MASK
-        if tx not in (TRANSACTION_PREPARED, TRANSACTION_ROLLBACK):
-            cq = self.queues.get_or_create(info.topic, info.queue_id)
-            tag = info.entry_tag_code()
-            if cq.put(info.phy_offset, info.size, tag, info.queue_offset, allow_prefill) == GAP:
-                raise DispatchGapError(
-                    info.topic, info.queue_id, info.queue_offset, info.phy_offset
-                )
-            key = (info.topic, info.queue_id)
-            touched[key] = info.queue_offset + 1
-            table = self.commitlog.topic_queue_table
-            if table.get(key, 0) <= info.queue_offset:
-                table[key] = info.queue_offset + 1
-        if self.index is not None and tx != TRANSACTION_ROLLBACK and (info.keys or info.uniq_key):
-            keys = [info.uniq_key] if info.uniq_key else []
-            if info.keys:
-                keys += info.keys.split(b" ")
-            keyed.append((info.topic, info.phy_offset, info.store_timestamp_ms, keys))
-        self.last_store_timestamp_ms = info.store_timestamp_ms
+        table = self.commitlog.topic_queue_table
+        for topic, qid, first, entries in scan.runs:
+            cq = self.queues.get_or_create(topic, qid)
+            if cq.put_run(first, entries, allow_prefill) == GAP:
+                raise DispatchGapError(topic, qid, first, ENTRY.unpack_from(entries)[0])
+            key = (topic, qid)
+            nxt = first + len(entries) // ENTRY_SIZE
+            touched[key] = nxt
+            if table.get(key, 0) < nxt:
+                table[key] = nxt
+        keyed = scan.keyed
+        for at in range(0, len(keyed), _INDEX_BATCH):
+            self._index(keyed[at : at + _INDEX_BATCH])
+        if scan.scanned:
+            self.last_store_timestamp_ms = scan.last_store_timestamp_ms
