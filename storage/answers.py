@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from tidemq.storage.record import AppendResult
+from tidemq.storage.record import AppendResult, BlockPlacement
 from tidemq.storage.recovery import RecoveryReport
 from tidemq.storage.results import PutStatus
 
@@ -27,6 +27,19 @@ class PutResult:
 
     def wait(self, timeout_s: float | None = None) -> PutStatus:
         return self.durable.result(timeout_s)
+
+
+@dataclass
+class BlockPutResult:
+    """A put of blocks: where each went (``placements``, in the put's order), the store timestamp
+    and host every record carries, and the futures of ``PutResult``."""
+
+    placements: list[BlockPlacement]
+    store_timestamp_ms: int
+    store_host: tuple[bytes, int]
+    end: int  # the log's end after the put
+    durable: Future[PutStatus]
+    dispatched: Future[None] = field(default_factory=lambda: done_future(None))
 
 
 @dataclass

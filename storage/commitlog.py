@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from tidemq.storage.clock import now_ms
 from tidemq.storage.errors import (
     CorruptRecordError,
+    InvalidQueueIdError,
     OffsetBelowMinError,
     RawAppendOffsetError,
 )
@@ -31,16 +32,21 @@ from tidemq.storage.record import (
     PREFIX,
     SYSFLAG_BORNHOST_V6,
     AppendResult,
+    BlockPlacement,
     Message,
     RecordInfo,
+    SentBlock,
     StoredMessage,
     check_record,
     encode_batch,
     read_record,
+    topic_prefix,
     write_blank,
 )
+from tidemq.storage.record.block import fill_block
 
 _I64 = struct.Struct(">q")
+_I32_MAX = (1 << 31) - 1
 
 
 def write_records(f: MappedFile, pos: int, data: bytes) -> None:
@@ -101,9 +107,62 @@ class CommitLog:
         )
         if not batch.results:
             return []
-        self._ensure_files(start, batch.end)
+        self._write(start, batch.end, batch.spans, batch.queue_offsets, now)
+        return batch.results
+
+    def put_blocks(
+        self, blocks: Sequence[SentBlock], max_body_bytes: int
+    ) -> tuple[list[BlockPlacement], int]:
+        """Check and append sent blocks (``record.block``), in order, as one write; the caller
+        holds the store's put lock. Nothing is written unless every block is valid and every
+        file they need exists. Returns where each went and the records' store timestamp."""
+        fs = self.file_size
+        start = self.mfq.max_offset if self.mfq.files else self.trusted_end - self.trusted_end % fs
+        now = max(now_ms(), self.last_store_timestamp_ms)
+        table = self.topic_queue_table
+        queue_offsets: dict[tuple[str, int], int] = {}
+        spans: list[tuple[int, bytes, bool]] = []
+        placements: list[BlockPlacement] = []
+        pos = start
+        for b in blocks:
+            topic_prefix(b.topic)  # a valid topic name, checked once per topic
+            if not 0 <= b.queue_id <= _I32_MAX:
+                raise InvalidQueueIdError(f"queue id {b.queue_id} out of range")
+            key = (b.topic, b.queue_id)
+            first = queue_offsets.get(key)
+            if first is None:
+                first = table.get(key, 0)
+            filled = fill_block(
+                b.records, b.record_count, b.topic, b.queue_id, pos, fs, first, now, b.born_host,
+                self.store_host, max_body_bytes, self.record_crc, b.head_property,
+                b.member_sys_flag,
+            )  # fmt: skip
+            spans += filled.spans
+            queue_offsets[key] = first + b.record_count
+            pos = filled.end
+            placement = BlockPlacement(
+                b.queue_id, b.record_count, first, filled.first_phy_offset, filled.added_bytes,
+                filled.head_added_bytes, filled.file_starts, filled.last_phy_offset,
+                filled.last_size,
+            )  # fmt: skip
+            placements.append(placement)
+        if placements:
+            self._write(start, pos, spans, queue_offsets, now)
+        return placements, now
+
+    def _write(
+        self,
+        start: int,
+        end: int,
+        spans: list[tuple[int, bytes, bool]],
+        queue_offsets: dict[tuple[str, int], int],
+        now: int,
+    ) -> None:
+        """Write encoded spans (records, or the place of a blank marker) from ``start`` to
+        ``end``, creating every file they need first."""
+        self._ensure_files(start, end)
         f = self.mfq.last_file
-        for at, data, fills_file in batch.spans:
+        for at, data, fills_file in spans:
             if f is None or not f.base_offset <= at < f.end_offset:
                 f = self.mfq.find_file(at)
                 assert f is not None
@@ -114,12 +173,11 @@ class CommitLog:
             else:
                 write_records(f, pos, data)
                 f.wrote = pos + len(data)
-        self.topic_queue_table.update(batch.queue_offsets)
+        self.topic_queue_table.update(queue_offsets)
         self.last_store_timestamp_ms = now
         if self.trusted_end == start:
-            self.trusted_end = batch.end
+            self.trusted_end = end
         self.last_write_raw = False
-        return batch.results
 
     def _ensure_files(self, start: int, end: int) -> None:
         created: list[MappedFile] = []

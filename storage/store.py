@@ -13,9 +13,12 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
+from typing import TypeVar
 
-from tidemq.storage.answers import PutResult, StoreStats, done_future
+from tidemq.storage.answers import BlockPutResult, PutResult, StoreStats, done_future
 from tidemq.storage.cleaner import Cleaner, QueuePosition, RetentionCounts
+from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.config import FlushMode, StoreConfig
 from tidemq.storage.dispatch import DispatchListener
 from tidemq.storage.errors import (
@@ -31,11 +34,13 @@ from tidemq.storage.lifecycle import StoreLifecycle
 from tidemq.storage.log_reader import CommitLogReader
 from tidemq.storage.parts import StoreParts
 from tidemq.storage.reads import GetResult, QueueEntry, StoreReader
-from tidemq.storage.record import Message, StoredMessage
+from tidemq.storage.record import Message, SentBlock, StoredMessage
 from tidemq.storage.recovery import RecoveryReport
 from tidemq.storage.results import PutStatus
 from tidemq.storage.set_aside import restart_empty_at
 from tidemq.storage.truncation import EvidenceWriter, truncate_log
+
+T = TypeVar("T")
 
 
 class MessageStore:
@@ -137,28 +142,47 @@ class MessageStore:
 
     def put_messages(self, messages: Sequence[Message]) -> PutResult:
         """Append a batch; all messages are validated before any byte is written."""
-        cfg = self.config
         if not messages:
             return PutResult([], done_future(PutStatus.PUT_OK))
+        max_body = self.config.max_message_body_bytes
+        results, _, durable, dispatched = self._append(lambda cl: cl.put(messages, max_body))
+        return PutResult(results, durable, dispatched)
+
+    def put_blocks(self, blocks: Sequence[SentBlock]) -> BlockPutResult:
+        """Append producer-encoded blocks (``record.block``) as one write; every record of every
+        block is checked before any byte is written (``CorruptBlockError`` and the other
+        ``MessageIllegalError``s name the first bad one)."""
+        max_body = self.config.max_message_body_bytes
+        (placements, now), end, durable, dispatched = self._append(
+            lambda cl: cl.put_blocks(blocks, max_body)
+        )
+        host = self._parts.commitlog.store_host
+        return BlockPutResult(placements, now, host, end, durable, dispatched)
+
+    def _append(
+        self, put: Callable[[CommitLog], T]
+    ) -> tuple[T, int, Future[PutStatus], Future[None]]:
+        """Run ``put`` under the put lock, then hand the new end to the flusher (SYNC) or the
+        dispatcher (ASYNC): (put's answer, the log's end, durable, dispatched)."""
         cl = self._parts.commitlog
         with self._parts.put_lock:
             self._check_writable()
             if cl.last_write_raw:
                 self._require_aligned_tail()
             try:
-                results = cl.put(messages, cfg.max_message_body_bytes)
+                answer = put(cl)
             except OSError as e:
                 raise self._parts.disk_failed("CommitLog write", e) from e
             end = cl.max_offset
             dispatched = self._parts.dispatch_waiters.wait_for(end, self._parts.dispatcher.offset)
         flusher = self._lifecycle.flusher
         assert flusher is not None
-        if cfg.flush_mode is FlushMode.SYNC:
+        if self.config.flush_mode is FlushMode.SYNC:
             durable = flusher.submit(end)
         else:
             durable = done_future(PutStatus.PUT_OK)
             self._lifecycle.wake_dispatch()
-        return PutResult(results, durable, dispatched)
+        return answer, end, durable, dispatched
 
     def put_message(self, message: Message) -> PutResult:
         return self.put_messages([message])

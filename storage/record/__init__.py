@@ -48,9 +48,11 @@ from tidemq.storage.record.layout import (
 )
 from tidemq.storage.record.messages import (
     AppendResult,
+    BlockPlacement,
     EncodedBatch,
     Message,
     RecordInfo,
+    SentBlock,
     StoredMessage,
 )
 from tidemq.storage.record.msg_id import make_msg_id, parse_msg_id
@@ -99,10 +101,12 @@ __all__ = [
     "TRANSACTION_PREPARED",
     "TRANSACTION_ROLLBACK",
     "AppendResult",
+    "BlockPlacement",
     "Buf",
     "EncodedBatch",
     "Message",
     "RecordInfo",
+    "SentBlock",
     "StoredMessage",
     "WBuf",
     "check_record",

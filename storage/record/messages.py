@@ -58,6 +58,37 @@ class EncodedBatch(NamedTuple):
     queue_offsets: dict[tuple[str, int], int]  # next queue offset of every queue the batch used
 
 
+class SentBlock(NamedTuple):
+    """One queue's messages as a producer encoded them (``record.block``), to be put whole."""
+
+    topic: str
+    queue_id: int
+    records: bytes
+    record_count: int
+    born_host: tuple[bytes, int]
+    # An idempotent run: the stamp property for the first record (encoded ``name 0x01 value
+    # 0x02``) and the SYSFLAG bit of the others.
+    head_property: bytes = b""
+    member_sys_flag: int = 0
+
+
+class BlockPlacement(NamedTuple):
+    """Where a put block went: record i at queue offset ``first_queue_offset + i``, at log
+    offset ``first_phy_offset`` plus the stored sizes before it (sent size + ``added_bytes``,
+    + ``head_added_bytes`` for the first), or where ``file_starts`` (record index, offset) puts
+    it."""
+
+    queue_id: int
+    record_count: int
+    first_queue_offset: int
+    first_phy_offset: int
+    added_bytes: int
+    head_added_bytes: int
+    file_starts: list[tuple[int, int]]
+    last_phy_offset: int
+    last_size: int
+
+
 class StoredMessage(NamedTuple):
     """A record decoded for a reader. A NamedTuple, not a frozen dataclass: readers build one
     per message, and a frozen dataclass costs four times as much to construct."""
