@@ -13,15 +13,22 @@ PROTOS := $(addprefix tidemq/protos/,common.proto nameserver.proto broker.proto 
 	rocketmq/definition.proto rocketmq/service.proto)
 
 .PHONY: venv run test lint typecheck pytest bench soak clean protos verify-protos system-deps \
-	interop-deps
+	interop-deps native
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The compiled record codecs (setup.py) are built by the install; `make native` rebuilds them
+# after a change to their C sources.
+NATIVE_SOURCES := setup.py storage/record/_cblock.c protos/_crecords.c
+
+$(STAMP): pyproject.toml $(NATIVE_SOURCES)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,spark]'
 	touch $(STAMP)
+
+native: venv
+	$(PY) setup.py --quiet build_ext --inplace
 
 # The main job: a local cluster (nameserver + broker on loopback, embedded registry) until
 # Ctrl-C. Data stays in $(RUN_DIR)/dev, so running it again keeps every message and offset.

@@ -7,7 +7,7 @@ for the store's own layers, tools and tests.
 from tidemq.storage.answers import BlockPutResult
 from tidemq.storage.config import FlushMode, StoreConfig
 from tidemq.storage.log_reader import CommitLogReader
-from tidemq.storage.reads import GetResult
+from tidemq.storage.reads import GetResult, RecordsResult
 from tidemq.storage.record import AppendResult, BlockPlacement, Message, SentBlock, StoredMessage
 from tidemq.storage.record.block import CorruptBlockError
 from tidemq.storage.results import PutStatus
@@ -25,6 +25,7 @@ __all__ = [
     "MessageStore",
     "PutResult",
     "PutStatus",
+    "RecordsResult",
     "SentBlock",
     "StoreConfig",
     "StoreStats",

@@ -28,6 +28,12 @@ class PutResult:
     def wait(self, timeout_s: float | None = None) -> PutStatus:
         return self.durable.result(timeout_s)
 
+    @property
+    def end(self) -> int:
+        """Where the put's records end in the log (its results need not be in log order: an
+        idempotent send answers in the request's order what it put grouped by queue)."""
+        return max(r.phy_offset + r.size for r in self.results)
+
 
 @dataclass
 class BlockPutResult:
@@ -40,6 +46,11 @@ class BlockPutResult:
     end: int  # the log's end after the put
     durable: Future[PutStatus]
     dispatched: Future[None] = field(default_factory=lambda: done_future(None))
+
+    @property
+    def body_bytes(self) -> int:
+        """The stored messages' bodies, in bytes."""
+        return sum(p.body_bytes for p in self.placements)
 
 
 @dataclass

@@ -41,21 +41,36 @@ from tidemq.storage.record import (
     encode_batch,
     read_record,
     topic_prefix,
-    write_blank,
 )
-from tidemq.storage.record.block import fill_block
+from tidemq.storage.record.block import fill_block, filled_size_bound
 
 _I64 = struct.Struct(">q")
 _I32_MAX = (1 << 31) - 1
+_SCRATCH_MIN_BYTES = 1 << 20
 
 
-def write_records(f: MappedFile, pos: int, data: bytes) -> None:
+def write_records(f: MappedFile, pos: int, data: bytes | memoryview) -> None:
     """Write whole records at ``pos`` of ``f``: all but the first record's TOTALSIZE and
     MAGICCODE, then those 8 bytes. Until the last write the span starts with zeros (the end of
     the data), so a writer killed half-way never leaves a record that looks whole."""
     with memoryview(data) as view:
         f.write_at(pos + BLANK_SIZE, view[BLANK_SIZE:])
         f.write_at(pos, view[:BLANK_SIZE])
+
+
+def _merge_spans(
+    spans: list[tuple[int, int, int, bool]], more: list[tuple[int, int, int, bool]]
+) -> None:
+    """Append filled spans to ``spans``, one span where a block's records continue the last
+    block's in the log and in the scratch buffer: a put of many small blocks is then one large
+    write (``MappedFile.write_at`` takes pwrite past 64 KiB) rather than many small ones."""
+    for at, o, n, fills in more:
+        if spans and not fills:
+            last_at, last_o, last_n, last_fills = spans[-1]
+            if not last_fills and last_at + last_n == at and last_o + last_n == o:
+                spans[-1] = (last_at, last_o, last_n + n, False)
+                continue
+        spans.append((at, o, n, fills))
 
 
 class CommitLog:
@@ -84,7 +99,14 @@ class CommitLog:
 
     @property
     def max_offset(self) -> int:
+        """The end of the log: where the next append goes."""
         return self.mfq.max_offset
+
+    @property
+    def committed_offset(self) -> int:
+        """The end of what readers may see: ``max_offset``, except with a transient store pool,
+        where bytes still only in a write buffer are past it."""
+        return self.mfq.committed_offset
 
     # ----------------------------------------------------------------- append
     def put(self, msgs: Sequence[Message], max_body_bytes: int) -> list[AppendResult]:
@@ -110,18 +132,40 @@ class CommitLog:
         self._write(start, batch.end, batch.spans, batch.queue_offsets, now)
         return batch.results
 
+    # put_blocks' stored records on their way to the files, kept for the next put.
+    _scratch: bytearray | None = None
+
+    def _scratch_for(self, size: int) -> bytearray:
+        """The scratch buffer, with room for ``size`` bytes. A larger one replaces it rather
+        than growing it in place: views of the old one may outlive a failed write."""
+        scratch = self._scratch
+        if scratch is None or len(scratch) < size:
+            scratch = self._scratch = bytearray(max(size, _SCRATCH_MIN_BYTES))
+        return scratch
+
     def put_blocks(
         self, blocks: Sequence[SentBlock], max_body_bytes: int
     ) -> tuple[list[BlockPlacement], int]:
         """Check and append sent blocks (``record.block``), in order, as one write; the caller
         holds the store's put lock. Nothing is written unless every block is valid and every
-        file they need exists. Returns where each went and the records' store timestamp."""
+        file they need exists. Returns where each went and the records' store timestamp.
+
+        ``fill_block`` lays each block out in the scratch buffer, and the files are written
+        from there: each record is copied once between the request and the file."""
         fs = self.file_size
         start = self.mfq.max_offset if self.mfq.files else self.trusted_end - self.trusted_end % fs
         now = max(now_ms(), self.last_store_timestamp_ms)
         table = self.topic_queue_table
+        store_v6 = len(self.store_host[0]) == 16
+        need = 0
+        for b in blocks:
+            born_v6 = len(b.born_host[0]) == 16
+            n, count, head = len(b.records), b.record_count, len(b.head_property)
+            need += filled_size_bound(n, count, born_v6, store_v6, self.record_crc, head)
+        out = self._scratch_for(need)
+        out_pos = 0
         queue_offsets: dict[tuple[str, int], int] = {}
-        spans: list[tuple[int, bytes, bool]] = []
+        filled_spans: list[tuple[int, int, int, bool]] = []
         placements: list[BlockPlacement] = []
         pos = start
         for b in blocks:
@@ -134,27 +178,31 @@ class CommitLog:
                 first = table.get(key, 0)
             filled = fill_block(
                 b.records, b.record_count, b.topic, b.queue_id, pos, fs, first, now, b.born_host,
-                self.store_host, max_body_bytes, self.record_crc, b.head_property,
+                self.store_host, max_body_bytes, self.record_crc, out, out_pos, b.head_property,
                 b.member_sys_flag,
             )  # fmt: skip
-            spans += filled.spans
+            _merge_spans(filled_spans, filled.spans)
+            _, last_at, last_len, _ = filled.spans[-1]
+            out_pos = last_at + last_len
             queue_offsets[key] = first + b.record_count
             pos = filled.end
             placement = BlockPlacement(
                 b.queue_id, b.record_count, first, filled.first_phy_offset, filled.added_bytes,
                 filled.head_added_bytes, filled.file_starts, filled.last_phy_offset,
-                filled.last_size,
+                filled.last_size, filled.body_bytes,
             )  # fmt: skip
             placements.append(placement)
         if placements:
-            self._write(start, pos, spans, queue_offsets, now)
+            with memoryview(out) as view:
+                spans = [(at, view[o : o + n], fills) for at, o, n, fills in filled_spans]
+                self._write(start, pos, spans, queue_offsets, now)
         return placements, now
 
     def _write(
         self,
         start: int,
         end: int,
-        spans: list[tuple[int, bytes, bool]],
+        spans: Sequence[tuple[int, bytes | memoryview, bool]],
         queue_offsets: dict[tuple[str, int], int],
         now: int,
     ) -> None:
@@ -168,8 +216,7 @@ class CommitLog:
                 assert f is not None
             pos = at - f.base_offset
             if fills_file:
-                write_blank(f.mm, pos, f.size - pos)
-                f.wrote = f.size
+                f.write_blank_end(pos)
             else:
                 write_records(f, pos, data)
                 f.wrote = pos + len(data)
@@ -213,6 +260,10 @@ class CommitLog:
             f.wrote += n
             off += n
             view = view[n:]
+        # Replicated bytes are readable (and acknowledged to the master) as they arrive: with a
+        # transient store pool they are committed at once; a batch from the network gains
+        # nothing from waiting for the commit thread.
+        self.mfq.commit(0)
         self.last_write_raw = True
         return off
 
@@ -232,7 +283,7 @@ class CommitLog:
             if f is None:
                 return
             pos = off - f.base_offset
-            limit = min(f.wrote, end - f.base_offset)
+            limit = min(f.committed, end - f.base_offset)  # readers never see a write buffer
             mm = f.mm
             base = f.base_offset
             while pos < limit:
@@ -243,7 +294,7 @@ class CommitLog:
                     yield at, status, info
                     pos += info.size
                 elif status == END_OF_FILE:
-                    if f.wrote < f.size:
+                    if f.committed < f.size:
                         yield at, INCOMPLETE, "blank marker before the rest of its file arrived"
                         return
                     yield at, status, None
@@ -264,7 +315,7 @@ class CommitLog:
         if f is None or phy_offset >= readable_end:
             raise CorruptRecordError(phy_offset, "no record at this offset")
         pos = phy_offset - f.base_offset
-        limit = min(f.wrote, readable_end - f.base_offset)
+        limit = min(f.committed, readable_end - f.base_offset)
         try:
             msg = read_record(f.mm, pos, limit, phy_offset, self.record_crc)
         except ValueError as e:  # the file was deleted by retention while we read it
@@ -291,7 +342,7 @@ class CommitLog:
         if f is None:
             return b""
         pos = offset - f.base_offset
-        return bytes(f.mm[pos : min(f.wrote, pos + max_bytes)])
+        return bytes(f.mm[pos : min(f.committed, pos + max_bytes)])
 
     def flush(self, least_pages: int = 0) -> int:
         return self.mfq.flush(least_pages)

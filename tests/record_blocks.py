@@ -5,9 +5,11 @@ message path's bytes, which is what the tests compare."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from tidemq.storage.record import Message, encode_record
+from tidemq.storage.record.block import FilledBlock, fill_block, filled_size_bound
 from tidemq.storage.record.layout import HEADER_V4, I16, RECORD_CRC_NAME, RECORD_CRC_SIZE
 
 STORE_HOST = (b"\x0a\x00\x00\x05", 10911)
@@ -44,3 +46,42 @@ def sent_block(msgs: Sequence[Message]) -> bytes:
     return b"".join(
         sent_form(encode_record(m, 0, 0, 1, STORE_HOST, record_crc=False)) for m in msgs
     )
+
+
+FilledSpans = list[tuple[int, bytes, bool]]
+
+
+def fill(
+    records: bytes,
+    count: int,
+    topic: str,
+    queue_id: int,
+    start: int,
+    file_size: int,
+    first_queue_offset: int,
+    now_ms: int,
+    born_host: tuple[bytes, int],
+    store_host: tuple[bytes, int],
+    max_body_bytes: int,
+    record_crc: bool,
+    head_property: bytes = b"",
+    member_sys_flag: int = 0,
+    *,
+    fill_block: Callable[..., FilledBlock] = fill_block,
+) -> tuple[FilledBlock, FilledSpans]:
+    """``fill_block`` into a buffer of the bound's size, and its spans with their bytes: (log
+    offset, the records, fills_file), as the block's spans were before ``out`` existed."""
+    out = bytearray(
+        filled_size_bound(
+            len(records), count, len(born_host[0]) == 16, len(store_host[0]) == 16, record_crc,
+            len(head_property),
+        )
+    )  # fmt: skip
+    args: tuple[Any, ...] = (
+        records, count, topic, queue_id, start, file_size, first_queue_offset, now_ms,
+        born_host, store_host, max_body_bytes, record_crc, out, 0, head_property,
+        member_sys_flag,
+    )  # fmt: skip
+    filled = fill_block(*args)
+    spans = [(at, bytes(out[o : o + n]), fills) for at, o, n, fills in filled.spans]
+    return filled, spans

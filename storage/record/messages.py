@@ -87,6 +87,7 @@ class BlockPlacement(NamedTuple):
     file_starts: list[tuple[int, int]]
     last_phy_offset: int
     last_size: int
+    body_bytes: int
 
 
 class StoredMessage(NamedTuple):

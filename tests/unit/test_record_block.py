@@ -1,14 +1,17 @@
 """The block codec (storage.record.block): a sent block filled is exactly what the message path
 stores, bad blocks are refused whole with a typed error naming the record, and a span scan
-answers what dispatch needs."""
+answers what dispatch needs. Each test runs the pure-Python twin and the implementation in use
+(the compiled one where it is built); test_record_codec_twins.py holds the two to each other."""
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from tests.record_blocks import BORN_HOST, STORE_HOST, sent_block
+from tests.record_blocks import BORN_HOST, STORE_HOST, FilledSpans, fill, sent_block
 from tidemq.storage.errors import (
     BodyTooLargeError,
     InvalidPropertyError,
@@ -16,8 +19,36 @@ from tidemq.storage.errors import (
     PropertiesTooLargeError,
 )
 from tidemq.storage.record import Message, check_record, decode_record, encode_record
-from tidemq.storage.record.block import CorruptBlockError, fill_block, scan_span
+from tidemq.storage.record import block as codec
+from tidemq.storage.record.block import CorruptBlockError, FilledBlock, SpanScan
 from tidemq.storage.record.layout import HEADER_V4, TRANSACTION_PREPARED
+
+Fill = Callable[..., tuple[FilledBlock, FilledSpans]]
+Scan = Callable[..., SpanScan]
+IMPLEMENTATIONS = [
+    pytest.param((codec.py_fill_block, codec.py_scan_span), id="twin"),
+    pytest.param((codec.fill_block, codec.scan_span), id=f"in_use_{codec.IMPLEMENTATION}"),
+]
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request: pytest.FixtureRequest) -> tuple[Callable[..., FilledBlock], Scan]:
+    fill_block, scan_span = request.param
+    return fill_block, scan_span
+
+
+@pytest.fixture
+def fill_block(impl: tuple[Callable[..., FilledBlock], Scan]) -> Fill:
+    def run(*args: Any) -> tuple[FilledBlock, FilledSpans]:
+        return fill(*args, fill_block=impl[0])
+
+    return run
+
+
+@pytest.fixture
+def scan_span(impl: tuple[Callable[..., FilledBlock], Scan]) -> Scan:
+    return impl[1]
+
 
 V6_HOST = (bytes(range(16)), 7000)
 
@@ -48,59 +79,68 @@ def stored_by_message_path(
 
 
 @pytest.mark.parametrize("record_crc", [True, False])
-def test_a_filled_block_is_byte_for_byte_what_the_message_path_stores(record_crc: bool) -> None:
+def test_a_filled_block_is_byte_for_byte_what_the_message_path_stores(
+    fill_block: Fill, record_crc: bool
+) -> None:
     msgs = messages()
-    filled = fill_block(
+    filled, spans = fill_block(
         sent_block(msgs), 3, "Orders", 2, 5_000, 1 << 20, 7, 99, BORN_HOST, STORE_HOST,
         4 << 20, record_crc,
     )  # fmt: skip
     expected = stored_by_message_path(msgs, 5_000, 7, record_crc)
-    assert [(at, data, fills) for at, data, fills in filled.spans] == [(5_000, expected, False)]
+    assert spans == [(5_000, expected, False)]
+    assert filled.spans == [(5_000, 0, len(expected), False)]
     assert filled.end == 5_000 + len(expected)
     assert filled.added_bytes == (20 if record_crc else 0)
     assert (filled.first_phy_offset, filled.file_starts) == (5_000, [])
 
 
-def test_ipv6_born_and_store_hosts_are_laid_out_as_the_message_path_lays_them() -> None:
+def test_ipv6_born_and_store_hosts_are_laid_out_as_the_message_path_lays_them(
+    fill_block: Fill,
+) -> None:
     msgs = messages(2)
     for m in msgs:
         m.born_host = V6_HOST
-    filled = fill_block(
+    filled, spans = fill_block(
         sent_block(messages(2)), 2, "Orders", 2, 0, 1 << 20, 0, 99, V6_HOST, V6_HOST, 4 << 20,
         True,
     )  # fmt: skip
-    assert filled.spans[0][1] == stored_by_message_path(msgs, 0, 0, True, V6_HOST)
+    assert spans[0][1] == stored_by_message_path(msgs, 0, 0, True, V6_HOST)
     assert filled.added_bytes == 20 + 12 + 12
 
 
-def test_a_record_that_does_not_fit_its_file_starts_the_next_one_after_a_blank_marker() -> None:
+def test_a_record_that_does_not_fit_its_file_starts_the_next_one_after_a_blank_marker(
+    fill_block: Fill,
+) -> None:
     msgs = messages(3)
     sizes = [len(encode_record(m, 0, 0, 99, STORE_HOST, record_crc=True)) for m in msgs]
     file_size = 4_096
     start = file_size - sizes[0] - sizes[1] - 4  # record 1 does not fit with its blank marker
-    filled = fill_block(
+    filled, spans = fill_block(
         sent_block(msgs), 3, "Orders", 2, start, file_size, 0, 99, BORN_HOST, STORE_HOST,
         4 << 20, True,
     )  # fmt: skip
-    assert [(at, len(data), fills) for at, data, fills in filled.spans] == [
-        (start, sizes[0], False),
-        (start + sizes[0], 0, True),
-        (file_size, sizes[1] + sizes[2], False),
+    assert filled.spans == [
+        (start, 0, sizes[0], False),
+        (start + sizes[0], sizes[0], 0, True),
+        (file_size, sizes[0], sizes[1] + sizes[2], False),
     ]
     assert filled.file_starts == [(1, file_size)]
     assert (filled.last_phy_offset, filled.last_size) == (file_size + sizes[1], sizes[2])
     expected = stored_by_message_path(msgs[1:], file_size, 1, True)
-    assert filled.spans[2][1] == expected
+    assert spans[2][1] == expected
 
 
-def test_an_idempotent_run_has_its_stamp_on_the_head_and_the_member_flag_on_the_others() -> None:
+def test_an_idempotent_run_has_its_stamp_on_the_head_and_the_member_flag_on_the_others(
+    fill_block: Fill,
+) -> None:
     msgs = messages(3)
     stamp = b"PRODUCER_SEQ\x011f.3.a.3\x02"
-    filled = fill_block(
+    filled, spans = fill_block(
         sent_block(msgs), 3, "Orders", 2, 0, 1 << 20, 0, 99, BORN_HOST, STORE_HOST, 4 << 20,
         True, stamp, 0x800,
     )  # fmt: skip
-    data = filled.spans[0][1]
+    data = spans[0][1]
     stored = []
     pos = 0
     while pos < len(data):
@@ -157,7 +197,7 @@ def _corruptions() -> list[tuple[str, bytes, int, type[MessageIllegalError], str
     [pytest.param(b, c, e, n, id=name) for name, b, c, e, n in _corruptions()],
 )
 def test_a_malformed_block_is_refused_with_a_typed_error_naming_the_record(
-    block: bytes, count: int, error: type[MessageIllegalError], names: str
+    fill_block: Fill, block: bytes, count: int, error: type[MessageIllegalError], names: str
 ) -> None:
     with pytest.raises(error, match=names):
         fill_block(
@@ -165,7 +205,7 @@ def test_a_malformed_block_is_refused_with_a_typed_error_naming_the_record(
         )
 
 
-def test_limits_refuse_a_large_body_and_large_properties() -> None:
+def test_limits_refuse_a_large_body_and_large_properties(fill_block: Fill) -> None:
     msgs = messages(1)
     with pytest.raises(BodyTooLargeError, match="record 0"):
         fill_block(sent_block(msgs), 1, "Orders", 2, 0, 1 << 20, 0, 9, BORN_HOST, STORE_HOST,
@@ -189,7 +229,7 @@ def _log(records: list[bytes]) -> bytearray:
     return buf
 
 
-def test_a_span_scan_answers_runs_of_queue_entries_and_the_keyed_records() -> None:
+def test_a_span_scan_answers_runs_of_queue_entries_and_the_keyed_records(scan_span: Scan) -> None:
     a = Message("Orders", b"a" * 50, 1, tags="paid", keys=("k1", "k2"))
     b = Message("Orders", b"b" * 50, 2)
     half = Message("Orders", b"h" * 50, 1, sys_flag=TRANSACTION_PREPARED)
@@ -213,7 +253,7 @@ def test_a_span_scan_answers_runs_of_queue_entries_and_the_keyed_records() -> No
     ]
 
 
-def test_a_span_scan_stops_at_a_corrupt_record_and_at_max_records() -> None:
+def test_a_span_scan_stops_at_a_corrupt_record_and_at_max_records(scan_span: Scan) -> None:
     m = Message("Orders", b"x" * 50, 0)
     recs = [encode_record(m, q, q * 167, 1, STORE_HOST, record_crc=True) for q in range(3)]
     assert len(recs[0]) == 167
