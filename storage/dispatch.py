@@ -156,7 +156,7 @@ class Dispatcher:
             scan = scan_span(
                 f.mm,
                 self.offset - base,
-                min(f.wrote, end - base),
+                min(f.committed, end - base),  # never into bytes only in a write buffer
                 base,
                 verify,
                 cl.record_crc,
@@ -170,7 +170,7 @@ class Dispatcher:
                 if scan.scanned < left:
                     break  # reached ``end`` or the file's written part
             elif scan.status == END_OF_FILE:
-                if f.wrote < f.size:
+                if f.committed < f.size:
                     self.stopped_at = (
                         at,
                         INCOMPLETE,

@@ -3,8 +3,9 @@
 Threads: callers append under one put lock (a single appender at a time); ``commitlog-flush``
 flushes (and serves group commits); ``flush-watcher`` times out sync flushes; ``dispatch`` builds
 ConsumeQueue and index entries; ``housekeeping`` flushes queues, writes the checkpoint and runs
-retention; ``commitlog-warm`` brings the pages ahead of the writer into the page cache. Nothing
-here uses asyncio: the broker wraps the returned futures.
+retention; ``commitlog-warm`` brings the pages ahead of the writer into the page cache;
+``commitlog-commit``, with a transient store pool, copies appended bytes from the write buffers
+into the files. Nothing here uses asyncio: the broker wraps the returned futures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
 
+from tidemq.storage.answers import done_future
 from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.checkpoint import read_checkpoint
 from tidemq.storage.cleaner import Cleaner
@@ -28,11 +31,12 @@ from tidemq.storage.errors import (
     StoreNotWritableError,
 )
 from tidemq.storage.failure import DISK_IO, DISPATCH, FLUSH, HOUSEKEEPING
-from tidemq.storage.flush import FlushService
+from tidemq.storage.flush import CommitService, FlushService
 from tidemq.storage.lock import StoreLock
 from tidemq.storage.manifest import check_layout
 from tidemq.storage.parts import StoreParts
 from tidemq.storage.recovery import RecoveryReport, recover
+from tidemq.storage.results import PutStatus
 from tidemq.storage.warm import PageWarmer
 
 log = logging.getLogger(__name__)
@@ -53,6 +57,7 @@ class StoreLifecycle:
         self.threads: list[threading.Thread] = []
         self.flusher: FlushService | None = None
         self.warmer: PageWarmer | None = None
+        self.committer: CommitService | None = None
 
     # ================================================================= open / close
     def open(self) -> RecoveryReport:
@@ -85,6 +90,9 @@ class StoreLifecycle:
                 lock_fd=self.lock.fileno(),
             )
             log.info("store %s recovered: %s", root, report)
+            last = p.commitlog.mfq.last_file
+            if last is not None and not last.is_full:
+                last.advise_appending(True)  # recovery read it with readahead; appends follow
             p.write_checkpoint()
             p.write_manifest()
             with open(abort, "w") as f:
@@ -92,7 +100,9 @@ class StoreLifecycle:
             fsync_dir(root)
             self._start_services()
         except BaseException:
+            self._stop_services()
             p.close_files()
+            p.close_pool()
             self.lock.release()
             raise
         p.open = True
@@ -100,6 +110,22 @@ class StoreLifecycle:
 
     def _start_services(self) -> None:
         cfg = self._parts.config
+        mfq = self._parts.commitlog.mfq
+        pool = self._parts.pool
+        if pool is not None:
+            pool.init()
+        mfq.prepare_tail()
+        if pool is not None:
+            self.committer = CommitService(
+                self._parts.commit_commitlog,
+                lambda: mfq.max_offset,
+                interval_ms=cfg.commit_interval_ms,
+                least_pages=cfg.commit_least_pages,
+                on_committed=lambda _off: self.wake_dispatch(),
+                on_error=self._on_flush_failed,
+                committed_offset=mfq.committed_offset,
+            )
+            self.committer.start()
         flusher = FlushService(
             self._parts.flush_commitlog,
             sync=cfg.flush_mode is FlushMode.SYNC,
@@ -114,7 +140,6 @@ class StoreLifecycle:
         self.flusher = flusher
         flusher.start()
         if cfg.warm_ahead_bytes:
-            mfq = self._parts.commitlog.mfq
             self.warmer = PageWarmer(lambda: mfq.last_file, ahead_bytes=cfg.warm_ahead_bytes)
             self.warmer.start()
         self.threads = [
@@ -131,10 +156,7 @@ class StoreLifecycle:
             return
         with p.put_lock:
             p.open = False
-        assert self.flusher is not None
-        self.flusher.stop()
-        if self.warmer is not None:
-            self.warmer.stop()
+        self._stop_services()
         self.stop_event.set()
         self.wake_dispatch()
         for t in self.threads:
@@ -160,7 +182,30 @@ class StoreLifecycle:
             fsync_dir(p.root)
         p.dispatch_waiters.fail_for_good(StoreClosedError(f"store {p.root} closed"))
         p.close_files()
+        p.close_pool()
         self.lock.release()
+
+    def _stop_services(self) -> None:
+        """Stop the CommitLog's threads: the commit service commits everything appended, then
+        the flusher flushes it; a thread never started is skipped."""
+        if self.committer is not None:
+            self.committer.stop()
+        if self.flusher is not None:
+            self.flusher.stop()
+        if self.warmer is not None:
+            self.warmer.stop()
+
+    def durable(self, end: int) -> Future[PutStatus]:
+        """The durable future of a put whose records end at ``end``: after the group commit's
+        flush under SYNC flush; under ASYNC at once, or with a transient store pool once the
+        records are committed (copied into the file, which survives the process)."""
+        if self._parts.config.flush_mode is FlushMode.SYNC:
+            assert self.flusher is not None
+            return self.flusher.submit(end)
+        if self.committer is not None:
+            return self.committer.submit(end)  # it wakes dispatch once the records are in
+        self.wake_dispatch()
+        return done_future(PutStatus.PUT_OK)
 
     def _on_flush_failed(self, exc: BaseException) -> None:
         self._parts.fail(DISK_IO if isinstance(exc, DiskFailedError) else FLUSH, exc)

@@ -21,6 +21,8 @@ from tidemq.storage.errors import DiskFullError
 from tidemq.storage.failure import DISK_IO, FailureSignal, StoreFailure, disk_error
 from tidemq.storage.index_service import IndexService
 from tidemq.storage.manifest import Manifest
+from tidemq.storage.pages import POPULATE, PageCounters, PageStats
+from tidemq.storage.transient_pool import TransientStorePool
 
 
 class StoreParts:
@@ -29,6 +31,23 @@ class StoreParts:
         self.root = config.root_dir
         self.commitlog = CommitLog(
             self.root, config.commitlog_file_size_bytes, config.store_host_packed, config.record_crc
+        )
+        self.page_counters = PageCounters()
+        # The pool's buffers are made when the store opens (``lifecycle``), not here.
+        self.pool = (
+            TransientStorePool(
+                config.transient_store_pool_buffers,
+                config.commitlog_file_size_bytes,
+                self.page_counters,
+            )
+            if config.transient_store_pool_enable
+            else None
+        )
+        self.commitlog.mfq.configure(
+            pool=self.pool,
+            populate_new=config.warm_mapped_file,
+            lock_active=config.mlock_commitlog,
+            counters=self.page_counters,
         )
         self.queues = ConsumeQueueStore(self.root, config.consume_queue_entries_per_file)
         self.index: IndexService | None = (
@@ -68,14 +87,26 @@ class StoreParts:
                 # The disk lost writes it had accepted: what it holds is unknown from here on.
                 raise disk_error("CommitLog flush (fdatasync)", e) from e
 
+    def commit_commitlog(self, least_pages: int) -> int:
+        """Copy what the pool's write buffers hold into the CommitLog files (a no-op without a
+        pool); returns the committed offset."""
+        try:
+            return self.commitlog.mfq.commit(least_pages)
+        except OSError as e:
+            raise disk_error("CommitLog commit (pwrite)", e) from e
+
     def disk_failed(self, what: str, exc: OSError) -> BaseException:
         """Fail the store for an I/O error of ``what``; returns the typed error to raise."""
         return self.fail(DISK_IO, disk_error(what, exc)).error
 
     def dispatch_end(self) -> int:
+        """How far dispatch may go: what is committed (readers never see bytes that are only
+        in a write buffer), and under SYNC flush only what is durable."""
+        mfq = self.commitlog.mfq
+        readable = mfq.committed_offset if self.pool is not None else mfq.max_offset
         if self.config.flush_mode is FlushMode.SYNC:
-            return min(self.commitlog.mfq.flushed_offset, self.commitlog.max_offset)
-        return self.commitlog.max_offset
+            return min(mfq.flushed_offset, readable)
+        return readable
 
     def dispatch_step(self, max_records: int | None = None) -> int:
         count = self.dispatcher.dispatch(self.dispatch_end(), max_records=max_records)
@@ -112,3 +143,24 @@ class StoreParts:
         self.queues.close()
         if self.index is not None:
             self.index.close()
+
+    def close_pool(self) -> None:
+        """Free the pool's buffers; after ``close_files``, which has every file give its back."""
+        if self.pool is not None:
+            self.pool.close()
+
+    def page_stats(self) -> PageStats:
+        pool = self.pool
+        cfg = self.config
+        warming = "madvise" if POPULATE.supported else "preadv"
+        if not cfg.warm_ahead_bytes and not cfg.warm_mapped_file:
+            warming = "off"
+        return PageStats(
+            warming=warming,
+            mlock_failures=self.page_counters.mlock_failures,
+            mlock_error=self.page_counters.mlock_error,
+            pool_buffers=0 if pool is None else pool.made,
+            pool_free=0 if pool is None else pool.free,
+            pool_misses=0 if pool is None else pool.misses,
+            commits=self.commitlog.mfq.commits,
+        )

@@ -19,7 +19,7 @@ from typing import TypeVar
 from tidemq.storage.answers import BlockPutResult, PutResult, StoreStats, done_future
 from tidemq.storage.cleaner import Cleaner, QueuePosition, RetentionCounts
 from tidemq.storage.commitlog import CommitLog
-from tidemq.storage.config import FlushMode, StoreConfig
+from tidemq.storage.config import StoreConfig
 from tidemq.storage.dispatch import DispatchListener
 from tidemq.storage.errors import (
     DiskFailedError,
@@ -32,8 +32,9 @@ from tidemq.storage.errors import (
 from tidemq.storage.failure import DISK_IO, FailureListener, StoreFailure
 from tidemq.storage.lifecycle import StoreLifecycle
 from tidemq.storage.log_reader import CommitLogReader
+from tidemq.storage.pages import PageStats
 from tidemq.storage.parts import StoreParts
-from tidemq.storage.reads import GetResult, QueueEntry, StoreReader
+from tidemq.storage.reads import GetResult, QueueEntry, RecordsResult, StoreReader
 from tidemq.storage.record import Message, SentBlock, StoredMessage
 from tidemq.storage.recovery import RecoveryReport
 from tidemq.storage.results import PutStatus
@@ -110,6 +111,12 @@ class MessageStore:
         return self._parts.dispatch_stall
 
     @property
+    def page_stats(self) -> PageStats:
+        """What the page settings did: how pages are warmed, mlock refusals, the transient
+        store pool's buffers and commits (``pages.PageStats``)."""
+        return self._parts.page_stats()
+
+    @property
     def commitlog_flushes(self) -> int:
         """Flushes by the flusher thread that moved the flushed offset (under sync flush, the
         group commits); 0 before the store is opened."""
@@ -175,13 +182,7 @@ class MessageStore:
                 raise self._parts.disk_failed("CommitLog write", e) from e
             end = cl.max_offset
             dispatched = self._parts.dispatch_waiters.wait_for(end, self._parts.dispatcher.offset)
-        flusher = self._lifecycle.flusher
-        assert flusher is not None
-        if self.config.flush_mode is FlushMode.SYNC:
-            durable = flusher.submit(end)
-        else:
-            durable = done_future(PutStatus.PUT_OK)
-            self._lifecycle.wake_dispatch()
+        durable = self._lifecycle.durable(end)
         return answer, end, durable, dispatched
 
     def put_message(self, message: Message) -> PutResult:
@@ -338,6 +339,22 @@ class MessageStore:
     ) -> GetResult:
         """Messages of one queue from ``offset`` (``StoreReader.get_messages`` says which)."""
         return self._reader.get_messages(
+            topic, queue_id, offset, max_count, max_bytes, tags, max_commitlog_offset
+        )
+
+    def get_records(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        max_bytes: int = 256 * 1024,
+        tags: Sequence[str] | None = None,
+        max_commitlog_offset: int | None = None,
+    ) -> RecordsResult:
+        """``get_messages``' records as their stored bytes, back to back, for a consumer that
+        decodes them itself (``StoreReader.get_records``)."""
+        return self._reader.get_records(
             topic, queue_id, offset, max_count, max_bytes, tags, max_commitlog_offset
         )
 

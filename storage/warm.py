@@ -7,15 +7,18 @@ that memory) inside the write, with the writer waiting for it. Measured on 1 KiB
 about 0.5-2.5 us per record cold against 0.2 us once the page is in the cache; it was the
 largest single cost of a put.
 
-A ``PageWarmer`` thread keeps the range just ahead of the writer in the page cache by reading it
-with ``os.preadv`` into a scratch buffer. A read of an unwritten extent allocates zeroed cache
-pages without dirtying them, so, unlike RocketMQ's zero writes or ``MADV_POPULATE_WRITE``, it adds
-no disk writes; and ``preadv`` releases the GIL, so the work runs on another core while the
-writer keeps going. ``POSIX_FADV_WILLNEED`` is not enough: it populates only a readahead window
-of a few MiB. The pages stay clean, so memory pressure may reclaim them, which only brings the
-slow faults back.
+A ``PageWarmer`` thread keeps the range just ahead of the writer in the page cache with one
+``madvise(MADV_POPULATE_READ)`` per chunk (``MappedFile.warm``), called through ctypes so the GIL
+is free while the kernel works: the work runs on another core while the writer keeps going, and
+no Python code runs per page. The pages are found and mapped but stay clean, so, unlike
+RocketMQ's zero writes or ``MADV_POPULATE_WRITE``, warming adds no disk writes (a flush writes
+back every dirty page of the file, zeros ahead of the writer included). Where the kernel lacks
+MADV_POPULATE_* (before 5.14) it falls back to ``MADV_WILLNEED`` and ``os.preadv`` into a scratch
+buffer, which does the same with a copy. ``POSIX_FADV_WILLNEED`` alone is not enough: it
+populates only a readahead window of a few MiB. Clean pages may be reclaimed under memory
+pressure, which only brings the slow faults back.
 
-Chunks are 4 MiB: between two reads the thread waits for the GIL, up to the interpreter's 5 ms
+Chunks are 4 MiB: between two calls the thread waits for the GIL, up to the interpreter's 5 ms
 switch interval while a writer runs, so small chunks would cap warming below the write rate.
 
 ``next_warm_range`` is the decision alone, without files or threads.
@@ -28,6 +31,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from tidemq.storage import pages
+
 log = logging.getLogger(__name__)
 
 
@@ -35,14 +40,14 @@ class Warmable(Protocol):
     size: int
     wrote: int
 
-    def warm(self, pos: int, buf: bytearray) -> bool: ...
+    def warm(self, pos: int, length: int, scratch: bytearray | None = None) -> bool: ...
 
 
 def next_warm_range(wrote: int, warmed: int, size: int, ahead_bytes: int, chunk_bytes: int) -> int:
-    """Where to read next so that [wrote, wrote + ahead_bytes) of a ``size``-byte file is warm,
-    given that [.., warmed) already is; -1 when nothing needs reading.
+    """Where to warm next so that [wrote, wrote + ahead_bytes) of a ``size``-byte file is warm,
+    given that [.., warmed) already is; -1 when nothing needs warming.
 
-    Reads start on chunk boundaries, and a writer that overtook the warmer (a burst) moves the
+    Chunks start on chunk boundaries, and a writer that overtook the warmer (a burst) moves the
     start to its own position: warming behind the writer is wasted."""
     start = max(warmed, wrote - wrote % chunk_bytes)
     if start >= min(size, wrote + ahead_bytes):
@@ -70,6 +75,7 @@ class PageWarmer:
         # What is warm: (the file, the end of its warm range). Read by tests and stats.
         self.file: Warmable | None = None
         self.warmed = 0
+        self._scratch: bytearray | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -79,16 +85,15 @@ class PageWarmer:
         self._thread.join()
 
     def _run(self) -> None:
-        buf = bytearray(self.chunk_bytes)
         while not self._stop.is_set():
             try:
-                if not self._step(buf):
+                if not self._step():
                     self._stop.wait(self._idle_s)
             except Exception:  # warming is an optimisation; it must never take the store down
                 log.exception("CommitLog page warming failed; writes continue unwarmed")
                 self._stop.wait(1.0)
 
-    def _step(self, buf: bytearray) -> bool:
+    def _step(self) -> bool:
         """Warm one chunk; False when there was nothing to do."""
         f = self._current()
         if f is None:
@@ -98,7 +103,9 @@ class PageWarmer:
         start = next_warm_range(f.wrote, self.warmed, f.size, self.ahead_bytes, self.chunk_bytes)
         if start < 0:
             return False
-        if not f.warm(start, buf):
+        if self._scratch is None and not pages.POPULATE.supported:
+            self._scratch = bytearray(self.chunk_bytes)  # the fallback reads into it
+        if not f.warm(start, self.chunk_bytes, self._scratch):
             return False  # the file was closed under us; the next look finds its successor
         self.warmed = start + self.chunk_bytes
         return True

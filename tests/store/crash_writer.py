@@ -5,7 +5,8 @@ Prints, flushing after each:
   ``B <seq>``                                         before each batch is handed to the store;
   ``A ...`` (see workload.Ack.line)                    per message, only after the batch's
                                                        future said PUT_OK (SYNC: flushed; ASYNC:
-                                                       appended to the mapping);
+                                                       appended to the mapping, or with
+                                                       ``--pool N`` committed to the file);
   ``D``                                                when ``--count`` messages are written and
                                                        ``--hold`` keeps it open until killed;
   ``L <error>`` (exit 4)                               when the store lock is held by another.
@@ -80,17 +81,18 @@ def arm(failpoint: str, after: int, rng: random.Random) -> None:
 
         commitlog.write_records = torn_records
     elif failpoint == "after-blank":
-        real_blank = commitlog.write_blank
+        mapped_file: Any = importlib.import_module("tidemq.storage.mapped_file").MappedFile
+        real_blank = mapped_file.write_blank_end
 
-        def after_blank(buf: Any, pos: int, remaining: int) -> None:
+        def after_blank(f: Any, pos: int) -> None:
             nonlocal left
-            real_blank(buf, pos, remaining)
+            real_blank(f, pos)
             if left > 0:
                 left -= 1
                 return
-            die(f"blank {pos} {remaining}")
+            die(f"blank {pos} {f.size - pos}")
 
-        commitlog.write_blank = after_blank
+        mapped_file.write_blank_end = after_blank
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--truncate-on-corruption", action="store_true")
     p.add_argument("--failpoint", choices=["evidence-kill", "torn-record", "after-blank"])
     p.add_argument("--failpoint-after", type=int, default=0)
+    p.add_argument("--pool", type=int, default=0, help="transient store pool buffers (0: none)")
     args = p.parse_args(argv)
     if args.failpoint:
         arm(args.failpoint, args.failpoint_after, random.Random(args.seed + 1))
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_interval_ms=args.checkpoint_ms,
         consume_queue_flush_interval_ms=args.checkpoint_ms,
         truncate_on_corruption=args.truncate_on_corruption,
+        transient_store_pool_enable=args.pool > 0,
+        transient_store_pool_buffers=max(args.pool, 1),
     )
     try:
         s = workload.start_store(cfg)
