@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.protos.errors import error_metadata
 from tidemq.storage import errors as store_errors
+from tidemq.storage.record.block import CorruptBlockError
 
 E = common_pb2
 
@@ -143,6 +144,7 @@ _STORE: list[tuple[type[store_errors.StoreError], Wire]] = [
         store_errors.InvalidQueueIdError,
         Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_QUEUE_ID, False),
     ),
+    (CorruptBlockError, Wire(grpc.StatusCode.INVALID_ARGUMENT, E.CORRUPT_BLOCK, False)),
     (
         store_errors.MessageIllegalError,
         Wire(grpc.StatusCode.INVALID_ARGUMENT, E.INVALID_ARGUMENT, False),

@@ -14,6 +14,7 @@ from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
 from tidemq.services.errors import invalid
 from tidemq.storage import Message, PutStatus, StoredMessage
+from tidemq.storage.config import parse_host
 from tidemq.storage.record import make_msg_id
 
 _NOT_PROPERTIES = frozenset(("TAGS", "KEYS", PRODUCER_SEQ_PROPERTY))
@@ -40,6 +41,16 @@ def host_str(host: tuple[bytes, int]) -> str:
             _host_strs.clear()
         _host_strs[host] = text
     return text
+
+
+def peer_host(peer: str) -> tuple[bytes, int]:
+    """The born host of a sender, from gRPC's peer string ("ipv4:127.0.0.1:5555" or
+    "ipv6:[::1]:5555"); 0.0.0.0:0 for a peer that has no address (a unix socket)."""
+    _, _, rest = peer.partition(":")
+    try:
+        return parse_host(rest)
+    except Exception:  # noqa: BLE001 - any peer we cannot parse is recorded as 0.0.0.0
+        return (bytes(4), 0)
 
 
 def to_store_message(m: common_pb2.Message, born_host: tuple[bytes, int]) -> Message:

@@ -178,6 +178,15 @@ class BrokerMetrics:
             self.send_bytes.labels(topic).inc(sizes[topic])
         self.send_latency.observe(time.monotonic() - started_s)
 
+    def sent_blocks(
+        self, topic: str, messages: int, body_bytes: int, status: str, started_s: float
+    ) -> None:
+        """A SendMessage of record blocks of ``topic`` (``messages`` stored with ``status``)."""
+        if messages:
+            self.send_messages.labels(topic, status).inc(messages)
+            self.send_bytes.labels(topic).inc(body_bytes)
+        self.send_latency.observe(time.monotonic() - started_s)
+
     def pulled(self, topic: str, status: str, messages: int, size_bytes: int) -> None:
         self.pull_requests.labels(topic, status).inc()
         if messages:

@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol
 
 from tidemq.services.broker.config import BrokerRole
 from tidemq.services.broker.durability import send_status, waits_for_slaves
-from tidemq.storage import PutResult, PutStatus
+from tidemq.storage import PutStatus
 
 if TYPE_CHECKING:
     from tidemq.services.broker.handlers.checks import BrokerChecks
+
+
+class StoredPut(Protocol):
+    """A put as its answer waits on it: ``MessageStore.put_messages``' and ``put_blocks``'."""
+
+    @property
+    def durable(self) -> Future[PutStatus]: ...
+    @property
+    def dispatched(self) -> Future[None]: ...
+    @property
+    def end(self) -> int: ...
 
 
 class SyncReplication(Protocol):
@@ -33,7 +45,7 @@ class MasterReplication(SyncReplication, Protocol):
 
 
 async def wait_durable(
-    put: PutResult, replication: SyncReplication | None, role: BrokerRole
+    put: StoredPut, replication: SyncReplication | None, role: BrokerRole
 ) -> tuple[PutStatus, PutStatus | None]:
     """The put's flush status and, when the send waits for the slaves (``waits_for_slaves``),
     its replication status; else None."""
@@ -41,18 +53,15 @@ async def wait_durable(
     if not waits_for_slaves(role, replicating=replication is not None):
         return (durable.result() if durable.done() else await asyncio.wrap_future(durable)), None
     assert replication is not None  # waits_for_slaves: only a broker that replicates waits
-    # The put's end: its results need not be in log order (an idempotent send answers in the
-    # request's order what it put grouped by queue).
-    end = max(r.phy_offset + r.size for r in put.results)
     # Flush and replication run side by side.
-    replicated = replication.replicate(end)
+    replicated = replication.replicate(put.end)
     if durable.done():
         return durable.result(), await replicated
     flushed, status = await asyncio.gather(asyncio.wrap_future(durable), replicated)
     return flushed, status
 
 
-async def wait_dispatched(put: PutResult) -> None:
+async def wait_dispatched(put: StoredPut) -> None:
     """Until the put's records are dispatched; raises the store's reason when they cannot be."""
     fut = put.dispatched
     if fut.done():
@@ -62,7 +71,7 @@ async def wait_dispatched(put: PutResult) -> None:
 
 
 async def wait_answerable(
-    put: PutResult, replication: MasterReplication | None, checks: BrokerChecks
+    put: StoredPut, replication: MasterReplication | None, checks: BrokerChecks
 ) -> PutStatus:
     """Wait for ``put`` as a send waits (the slaves told of it; flushed, replicated, then
     dispatched when those went well) and return what its answer carries: PUT_OK, or the status

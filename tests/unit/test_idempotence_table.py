@@ -14,6 +14,7 @@ from tidemq.services.broker.idempotence.table import (
     RUNS_PER_QUEUE,
     IdempotenceTable,
     Original,
+    PartialRunError,
     ProducerFencedError,
     SequenceGapError,
 )
@@ -54,6 +55,36 @@ def test_a_sequence_past_the_next_is_a_gap_and_nothing_of_the_request_is_decided
     with pytest.raises(SequenceGapError):
         t.decide(P, 1, [(Q, s) for s in seqs])
     assert t.next_seq(P, Q) == 5
+
+
+@pytest.mark.parametrize(
+    ("runs", "expected"),
+    [
+        ([(5, 3)], [None]),  # a block of the next three: stored
+        ([(5, 3), (8, 2)], [None, None]),  # two blocks of one queue in one request
+        ([(2, 3)], [Original("orders", 3, 102)]),  # a retried block: its first store
+        ([(0, 5), (5, 1)], [Original("orders", 3, 100), None]),  # a retry, then a new block
+    ],
+)
+def test_decide_runs_stores_a_block_whole_or_answers_it_whole_from_its_first_store(
+    runs: list[tuple[int, int]], expected: list[Original | None]
+) -> None:
+    t = table_with()
+    assert t.decide_runs(P, 1, [(Q, seq, n) for seq, n in runs]) == expected
+
+
+def test_a_block_that_repeats_stored_sequences_only_in_part_is_refused() -> None:
+    with pytest.raises(PartialRunError, match=r"sequences 3\.\.6"):
+        table_with().decide_runs(P, 1, [(Q, 3, 4)])
+
+
+def test_a_block_past_the_next_sequence_is_a_gap_and_an_old_epoch_is_fenced() -> None:
+    t = table_with()
+    with pytest.raises(SequenceGapError):
+        t.decide_runs(P, 1, [(Q, 6, 2)])
+    with pytest.raises(ProducerFencedError):
+        t.decide_runs(P, 0, [(Q, 5, 2)])
+    assert t.decide_runs(P, 2, [(Q, 0, 2)]) == [None]  # a newer epoch starts at zero
 
 
 def test_an_older_epoch_is_fenced() -> None:

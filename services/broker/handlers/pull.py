@@ -18,7 +18,12 @@ from tidemq.services.broker.groups import OFFSETS, SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
-from tidemq.services.broker.pull_answer import PullAnswer, PullRange, read_answer
+from tidemq.services.broker.pull_answer import (
+    PullAnswer,
+    PullRange,
+    read_answer,
+    read_records_answer,
+)
 from tidemq.services.errors import invalid
 from tidemq.storage import MessageStore
 
@@ -93,7 +98,10 @@ class PullHandler:
                 tags,
                 self._confirm_cap() if self._confirm_cap is not None else None,
             )
-            answer = await read_answer(self.store, want)
+            if request.accept_records:
+                answer = await read_records_answer(self.store, want)
+            else:
+                answer = await read_answer(self.store, want)
             if answer is not None:
                 return answer
             remaining = deadline - time.monotonic()

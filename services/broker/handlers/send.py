@@ -15,8 +15,9 @@ import grpc
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.services.broker.admission_grpc import work_done
-from tidemq.services.broker.convert import SEND_STATUS, to_store_message
+from tidemq.services.broker.convert import SEND_STATUS, peer_host, to_store_message
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
+from tidemq.services.broker.handlers.send_blocks import BlockSends
 from tidemq.services.broker.idempotence.sends import IdempotentSends
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.put_waits import answer_status, wait_answerable
@@ -27,7 +28,6 @@ from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.errors import invalid, system_topic
 from tidemq.storage import MessageStore
 from tidemq.storage.clock import now_ms
-from tidemq.storage.config import parse_host
 
 
 class SendHandler:
@@ -54,6 +54,9 @@ class SendHandler:
         self.idempotence = IdempotentSends(
             store, self.config.idempotence_max_producers, self.config.store_dir
         )
+        self.blocks = BlockSends(
+            checks, store, self.writable_topic, replication, metrics, self.idempotence
+        )
 
     @typed_errors
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -62,11 +65,13 @@ class SendHandler:
         checks.ensure_running()
         checks.ensure_master("send")
         await checks.ensure_acknowledging(request.epoch)
+        if request.blocks:
+            return await self.blocks.send(request, context, started)
         if not request.messages:
             raise invalid("a send carries at least one message")
         if len(request.messages) > self.config.max_batch_messages:
             raise invalid(f"at most {self.config.max_batch_messages} messages per send")
-        born = _peer_host(context.peer())
+        born = peer_host(context.peer())
         batch = []
         configs: dict[str, TopicConfig] = {}  # a batch is usually one topic: look it up once
         for m in request.messages:
@@ -147,12 +152,3 @@ class SendHandler:
             # find the topic at the nameserver.
             await self.publish_topics()
         return self.checks.topic(name, for_write=True)
-
-
-def _peer_host(peer: str) -> tuple[bytes, int]:
-    """gRPC peer strings look like "ipv4:127.0.0.1:5555" or "ipv6:[::1]:5555"."""
-    _, _, rest = peer.partition(":")
-    try:
-        return parse_host(rest)
-    except Exception:  # noqa: BLE001 - a peer we cannot parse (unix socket) is recorded as 0.0.0.0
-        return (bytes(4), 0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,16 +27,26 @@ from tidemq.services.broker.idempotence.stamp import (
     PRODUCER_SEQ_PROPERTY,
     RUN_MEMBER_SYSFLAG,
     encode_stamp,
+    encode_stamp_property,
 )
 from tidemq.services.broker.idempotence.table import (
     IdempotenceTable,
     Original,
+    PartialRunError,
     ProducerFencedError,
     SequenceGapError,
 )
 from tidemq.services.broker.put_waits import SyncReplication
 from tidemq.services.errors import ServiceError, invalid
-from tidemq.storage import FlushMode, Message, MessageStore, PutResult, PutStatus
+from tidemq.storage import (
+    BlockPutResult,
+    FlushMode,
+    Message,
+    MessageStore,
+    PutResult,
+    PutStatus,
+    SentBlock,
+)
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
 
 _DISPATCH_WAIT_S = 10.0
@@ -70,6 +80,17 @@ class SendPlan:
         if len(self.kept) == len(messages):
             return list(messages)
         return [messages[i] for i in self.kept]
+
+
+@dataclass(slots=True)
+class BlockPlan:
+    """One idempotent request of record blocks: per block of the request, None when it is
+    stored, or the first store of a block that is a duplicate as a whole."""
+
+    producer_id: int
+    epoch: int
+    decisions: list[Original | None]
+    first_sequences: list[int]  # of each block of the request
 
 
 def sequence_gap(message: str) -> ServiceError:
@@ -121,6 +142,25 @@ class IdempotentSends:
             raise invalid("an idempotent message's sequence must be >= 0")
         # ``batch`` holds the request's topics and queues as plain attributes (cheaper to read).
         wanted = [((m.topic, m.queue_id), seq) for m, seq in zip(batch, seqs, strict=True)]
+        decisions = await self._decide(lambda: self.table.decide(pid, epoch, wanted))
+        if not any(decisions):  # no duplicate: the common case
+            keys = [(topic, qid, seq) for (topic, qid), seq in wanted]
+            return batch, SendPlan(pid, epoch, decisions, keys, list(range(len(batch))))
+        store: list[Message] = []
+        keys = []
+        kept = []
+        for i, (m, ((topic, qid), seq), d) in enumerate(zip(batch, wanted, decisions, strict=True)):
+            if d is None:
+                kept.append(i)
+                store.append(m)
+                keys.append((topic, qid, seq))
+        return store, SendPlan(pid, epoch, decisions, keys, kept)
+
+    async def _decide(self, decide: Callable[[], list[Original | None]]) -> list[Original | None]:
+        """Catch the table up with the log and run ``decide``; a request whose sequence is
+        ahead waits up to GAP_WAIT_S for the one before it. Raises the request's typed refusal.
+        Nothing awaits between the table's last catch-up and the decision it returns, so the
+        caller may put at once."""
         scan = self.scan
         if not scan.caught_up:  # a promoted master's first sends, or others' appends
             await scan.catch_up_fully()
@@ -130,8 +170,7 @@ class IdempotentSends:
             while scan.catch_up():  # no await from here to the put
                 pass
             try:
-                decisions = self.table.decide(pid, epoch, wanted)
-                break
+                return decide()
             except SequenceGapError as e:
                 # Requests of one producer overtake each other inside the broker (each handler
                 # awaits before its put): the earlier one is most likely a moment away. Wait
@@ -148,18 +187,8 @@ class IdempotentSends:
             except ProducerFencedError as e:
                 self.fenced += 1
                 raise producer_fenced(str(e)) from None
-        if not any(decisions):  # no duplicate: the common case
-            keys = [(topic, qid, seq) for (topic, qid), seq in wanted]
-            return batch, SendPlan(pid, epoch, decisions, keys, list(range(len(batch))))
-        store: list[Message] = []
-        keys = []
-        kept = []
-        for i, (m, ((topic, qid), seq), d) in enumerate(zip(batch, wanted, decisions, strict=True)):
-            if d is None:
-                kept.append(i)
-                store.append(m)
-                keys.append((topic, qid, seq))
-        return store, SendPlan(pid, epoch, decisions, keys, kept)
+            except PartialRunError as e:
+                raise invalid(str(e)) from None
 
     @staticmethod
     def stamp(plan: SendPlan | None, batch: list[Message]) -> list[Message]:
@@ -210,6 +239,68 @@ class IdempotentSends:
                     head.properties = {**props, PRODUCER_SEQ_PROPERTY: value}
                 at = j
         return batch
+
+    async def before_put_blocks(
+        self, request: Any, blocks: list[SentBlock]
+    ) -> tuple[list[SentBlock], BlockPlan | None]:
+        """``before_put`` for a request of record blocks: the blocks to store (each stamped as
+        one run: its head carries the stamp, its others the run-member flag) and the plan."""
+        pid = request.producer_id
+        if not pid:
+            return blocks, None  # a block's own PRODUCER_SEQ is refused by the store's check
+        epoch = request.producer_epoch
+        if pid < 0 or epoch < 0:
+            raise invalid("producer_id must be > 0 and producer_epoch >= 0")
+        seqs = [b.first_sequence for b in request.blocks]
+        if min(seqs) < 0:
+            raise invalid("an idempotent block's first_sequence must be >= 0")
+        runs = [
+            ((b.topic, b.queue_id), seq, b.record_count)
+            for b, seq in zip(blocks, seqs, strict=True)
+        ]
+        decisions = await self._decide(lambda: self.table.decide_runs(pid, epoch, runs))
+        stored = [
+            b._replace(
+                head_property=encode_stamp_property(pid, epoch, seq, b.record_count),
+                member_sys_flag=RUN_MEMBER_SYSFLAG,
+            )
+            for b, seq, d in zip(blocks, seqs, decisions, strict=True)
+            if d is None
+        ]
+        return stored, BlockPlan(pid, epoch, decisions, seqs)
+
+    def after_put_blocks(
+        self,
+        plan: BlockPlan | None,
+        stored: Sequence[SentBlock],
+        put: BlockPutResult | None,
+        start: int,
+    ) -> None:
+        """Right after the put of ``stored`` (which began at log offset ``start``), in the same
+        loop step: its runs go in the table and the scan skips them."""
+        if put is None or not put.placements:
+            return
+        if plan is not None:
+            signal, self._stored = self._stored, asyncio.Event()
+            signal.set()  # requests waiting behind a gap decide again
+            seqs = (s for s, d in zip(plan.first_sequences, plan.decisions, strict=True) if not d)
+            for b, seq, placed in zip(stored, seqs, put.placements, strict=True):
+                key = (b.topic, b.queue_id)
+                self.table.record(
+                    plan.producer_id, plan.epoch, key, seq, b.record_count, key,
+                    placed.first_queue_offset,
+                )  # fmt: skip
+        last, placed = stored[-1], put.placements[-1]
+        self.scan.skip_own(
+            start,
+            put.end,
+            Mark(
+                placed.last_phy_offset,
+                placed.last_size,
+                placed.first_queue_offset + placed.record_count - 1,
+                last.topic,
+            ),
+        )
 
     async def _next_store(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):

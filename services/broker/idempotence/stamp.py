@@ -40,6 +40,13 @@ def encode_stamp(producer_id: int, epoch: int, sequence: int, count: int = 1) ->
     return f"{producer_id:x}.{epoch:x}.{sequence:x}.{count:x}"
 
 
+def encode_stamp_property(producer_id: int, epoch: int, sequence: int, count: int) -> bytes:
+    """The stamp as a record's encoded property (``name 0x01 value 0x02``), for a block's
+    head (``storage.record.block``)."""
+    value = encode_stamp(producer_id, epoch, sequence, count)
+    return f"{PRODUCER_SEQ_PROPERTY}\x01{value}\x02".encode()
+
+
 def decode_stamp(text: str) -> Stamp:
     parts = text.split(".")
     if len(parts) not in (3, 4):

@@ -40,6 +40,10 @@ class SequenceGapError(Exception):
     """A sequence past the next expected: an earlier send of the queue is missing."""
 
 
+class PartialRunError(Exception):
+    """A block whose sequences are partly stored already."""
+
+
 class Original(NamedTuple):
     """Where a duplicate's first store went (queue_offset -1: forgotten)."""
 
@@ -99,12 +103,7 @@ class IdempotenceTable:
     ) -> list[Original | None]:
         """For each (queue, seq): None to store it, or its first store as a duplicate. Raises
         before deciding anything when the request may not store at all. Changes nothing."""
-        state = self.producers.get(pid)
-        if state is not None and epoch < state.epoch:
-            raise ProducerFencedError(
-                f"producer {pid:#x} epoch {epoch} is fenced: epoch {state.epoch} took over"
-            )
-        restarted = state is None or epoch > state.epoch
+        state, restarted = self._sending(pid, epoch)
         nexts: dict[QueueKey, int] = {}
         out: list[Original | None] = []
         for key, seq in messages:
@@ -130,6 +129,50 @@ class IdempotenceTable:
                     f"expected {expected}"
                 )
         return out
+
+    def decide_runs(
+        self, pid: int, epoch: int, runs: Sequence[tuple[QueueKey, int, int]]
+    ) -> list[Original | None]:
+        """``decide`` for record blocks, each (queue, first sequence, count) stored whole or not
+        at all: None to store the block, or the first store of its first sequence when the
+        whole block is a duplicate (its others follow it: a block is stored as one run). A
+        block that repeats stored sequences only in part cannot come from a producer that
+        retries its blocks as they were (``PartialRunError``). Changes nothing."""
+        state, restarted = self._sending(pid, epoch)
+        nexts: dict[QueueKey, int] = {}
+        out: list[Original | None] = []
+        for key, seq, count in runs:
+            q = state.queues.get(key) if state is not None and not restarted else None
+            expected = nexts.get(key)
+            if expected is None:
+                expected = q.next_seq if q is not None else 0
+            if seq == expected:
+                nexts[key] = seq + count
+                out.append(None)
+            elif seq + count <= expected:
+                out.append(q.original(seq) if q is not None else FORGOTTEN)
+                nexts[key] = expected
+            elif seq < expected:
+                raise PartialRunError(
+                    f"producer {pid:#x} sent sequences {seq}..{seq + count - 1} of "
+                    f"{key[0]}/{key[1]} as one block, but those below {expected} are stored"
+                )
+            else:
+                raise SequenceGapError(
+                    f"producer {pid:#x} sent sequence {seq} of {key[0]}/{key[1]}, "
+                    f"expected {expected}"
+                )
+        return out
+
+    def _sending(self, pid: int, epoch: int) -> tuple[ProducerState | None, bool]:
+        """The producer's state and whether this epoch restarts its sequences; raises when the
+        epoch is fenced."""
+        state = self.producers.get(pid)
+        if state is not None and epoch < state.epoch:
+            raise ProducerFencedError(
+                f"producer {pid:#x} epoch {epoch} is fenced: epoch {state.epoch} took over"
+            )
+        return state, state is None or epoch > state.epoch
 
     def record(
         self,
