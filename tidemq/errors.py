@@ -163,6 +163,7 @@ _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.INVALID_MESSAGE_ID: InvalidArgumentError,
     common_pb2.INVALID_TAG_EXPRESSION: InvalidArgumentError,
     common_pb2.INVALID_RECEIPT_HANDLE: InvalidReceiptHandle,
+    common_pb2.CORRUPT_BLOCK: InvalidArgumentError,
     common_pb2.TOPIC_NOT_FOUND: TopicNotFoundError,
     common_pb2.TOPIC_EXISTS: InvalidArgumentError,
     common_pb2.GROUP_NOT_FOUND: NotFoundError,

@@ -17,6 +17,7 @@ from tidemq.consumer.config import ConsumerConfig
 from tidemq.consumer.lineage import Lineage
 from tidemq.errors import TidemqError
 from tidemq.protos import broker_pb2
+from tidemq.protos.record_blocks import RecordFormatError, decode_records
 from tidemq.routes import MessageQueue
 from tidemq.types import ReceivedMessage
 
@@ -36,6 +37,32 @@ class QueueState:
     space: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     lineage: Lineage = field(default_factory=Lineage)
+
+
+def pulled_messages(resp: Any, broker: str, address: str) -> list[ReceivedMessage]:
+    """A pull's messages: its records decoded in one call, or (a broker older than record
+    blocks) its protobuf messages. Malformed records (the broker checked every CRC before
+    sending: a bug, or a damaged answer) fail the pull, which is tried again."""
+    try:
+        return _decoded(resp, broker)
+    except RecordFormatError as e:
+        raise TidemqError(f"the broker at {address} answered malformed records: {e}") from None
+
+
+def _decoded(resp: Any, broker: str) -> list[ReceivedMessage]:
+    if resp.record_count:
+        common = {
+            "broker": broker,
+            "receipt_handle": "",
+            "delivery_attempt": 0,
+            "message_group": None,
+            "invisible_until_ms": 0,
+        }
+        got: list[ReceivedMessage] = decode_records(ReceivedMessage, common, resp.records)
+        if len(got) != resp.record_count:
+            raise RecordFormatError(f"{len(got)} records where {resp.record_count} were sent")
+        return got
+    return [ReceivedMessage.from_proto(m, broker) for m in resp.messages]
 
 
 class Puller:
@@ -91,6 +118,9 @@ class Puller:
                     max_bytes=cfg.pull_max_bytes,
                     tag_expression=cfg.tags,
                     long_poll_timeout_ms=0 if checking else cfg.long_poll_ms,
+                    # Records as stored, decoded here in one call; a broker older than record
+                    # blocks ignores this and answers messages, which work as well.
+                    accept_records=True,
                 )
                 resp = await self._brokers.invoke(
                     st.mq,
@@ -99,6 +129,7 @@ class Puller:
                     request,
                     timeout_s=cfg.long_poll_ms / 1000 + CALL_TIMEOUT_S,
                 )
+                messages = pulled_messages(resp, st.mq.broker_name, address)
             except TidemqError as e:
                 self._report(e)
                 log.warning("pulling %s failed: %s", st.mq, e)
@@ -118,17 +149,19 @@ class Puller:
                 continue
             backoff = 0.05
             if checking:
-                self._check(st, address, resp)
+                self._check(st, address, resp, messages)
                 continue
             if st.lineage.answered_at(resp.log_epoch):
                 continue  # the broker's log changed epoch since the last pull: check first
-            self._apply_pull(st, resp)
-            st.lineage.pulled(address, resp.messages, resp.log_epoch)
+            self._apply_pull(st, resp, messages)
+            st.lineage.pulled(address, messages, resp.log_epoch)
 
-    def _check(self, st: QueueState, address: str, resp: Any) -> None:
+    def _check(
+        self, st: QueueState, address: str, resp: Any, messages: list[ReceivedMessage]
+    ) -> None:
         """A check's answer (``lineage``): go on from where this broker's log and what the
         queue's pulls read still agree, dropping what was buffered beyond."""
-        resume = st.lineage.judge(st.next_pull, resp.status, resp.messages, resp.max_offset)
+        resume = st.lineage.judge(st.next_pull, resp.status, messages, resp.max_offset)
         if resume is None:
             return  # check one record back
         if st.lineage.parted_at is not None:
@@ -148,11 +181,10 @@ class Puller:
             st.processed = min(st.processed, resume)
         st.lineage.pulled(address, (), resp.log_epoch)
 
-    def _apply_pull(self, st: QueueState, resp: Any) -> None:
+    def _apply_pull(self, st: QueueState, resp: Any, messages: list[ReceivedMessage]) -> None:
         status = resp.status
         if status == broker_pb2.FOUND:
-            for m in resp.messages:
-                st.buffer.append(ReceivedMessage.from_proto(m, st.mq.broker_name))
+            st.buffer.extend(messages)
             st.next_pull = resp.next_offset
             self._data.set()
             return

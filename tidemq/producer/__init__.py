@@ -7,8 +7,14 @@ How a send travels (``producer`` -> ``accumulator`` -> ``sender``):
   a ``message_group`` (``sharding_key``, its older name), always the same queue for the same
   group (CRC32 of it over the sorted queue list), so one consumer sees that group's messages in
   order; the group travels as the ``__SHARDINGKEY`` property (FIFO receive groups use it).
-- **Automatic batching** (``accumulator``): messages for one broker group collect in an open
-  batch. It is sent when it is full (``batch_max_messages`` / ``batch_max_bytes``), when
+- **Record blocks** (``blocks``): a plain message (no message group, no delayed delivery, not
+  transactional) joins its topic's open block in the caller's thread; a sealed block is placed
+  on one queue (round robin by block, skipping failing groups), encoded once as the CommitLog
+  records the broker stores and sent as one ``bytes`` field; its answer says where the block
+  went and every message's result is derived from it. ``record_blocks=False`` sends plain
+  messages as the others go, for brokers older than blocks.
+- **Automatic batching** (``accumulator``): the other messages for one broker group collect in
+  an open batch. It is sent when it is full (``batch_max_messages`` / ``batch_max_bytes``), when
   ``linger_ms`` has passed, or, with ``linger_ms=0``, as soon as fewer than
   ``max_in_flight_per_broker`` requests are outstanding. So a lone send goes at once, and under
   load sends coalesce into large RPCs while earlier ones are in flight.

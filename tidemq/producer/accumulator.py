@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemq.producer.blocks import Block
 from tidemq.producer.config import ProducerConfig
 from tidemq.producer.pending import Pending
 from tidemq.producer.sender import Sender
@@ -22,7 +23,7 @@ class Lane:
     broker: str
     open: list[Pending] = field(default_factory=list)
     open_bytes: int = 0
-    ready: deque[list[Pending]] = field(default_factory=deque)
+    ready: deque[Sequence[Pending | Block]] = field(default_factory=deque)
     in_flight: int = 0
     timer: asyncio.TimerHandle | None = None
     flush_scheduled: bool = False
@@ -43,6 +44,16 @@ class Accumulator:
         self._sender = sender
         self._spawn = spawn
         self._lanes: dict[str, Lane] = {}
+        # Called when a lane could send and has nothing ready: the producer hands over the
+        # record blocks that grew meanwhile (``blocks.BlockCollector.take_open``).
+        self.on_idle: Callable[[], None] | None = None
+
+    def can_send(self) -> bool:
+        """Whether a request could leave now: a lane (or a lane yet to be made) with a free
+        slot and nothing waiting for it."""
+        limit = self.config.max_in_flight_per_broker
+        lanes = self._lanes.values()
+        return not lanes or any(lane.in_flight < limit and not lane.ready for lane in lanes)
 
     def append(self, p: Pending, broker: str) -> None:
         """Add a message whose queue is chosen (on ``broker``'s group) to that group's batch."""
@@ -64,6 +75,14 @@ class Accumulator:
             # Everything placed in this loop iteration (a drained inbox) shares one batch.
             lane.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush_lane, lane)
+
+    def append_sealed(self, block: Block, broker: str) -> None:
+        """Add a record block (sealed already, its queue chosen): it is one batch by itself."""
+        lane = self._lanes.get(broker)
+        if lane is None:
+            lane = self._lanes[broker] = Lane(broker)
+        lane.ready.append([block])
+        self._pump(lane)
 
     def flush(self) -> None:
         """Seal every open batch and send what the in-flight limits allow now."""
@@ -90,6 +109,7 @@ class Accumulator:
 
     def _pump(self, lane: Lane) -> None:
         while lane.in_flight < self.config.max_in_flight_per_broker:
+            batch: Sequence[Pending | Block]
             if lane.ready:
                 batch = lane.ready.popleft()
             elif lane.open and self.config.linger_ms == 0:
@@ -99,9 +119,11 @@ class Accumulator:
             lane.in_flight += 1
             self._spawn(self._deliver_on(lane, batch))
 
-    async def _deliver_on(self, lane: Lane, batch: list[Pending]) -> None:
+    async def _deliver_on(self, lane: Lane, batch: Sequence[Pending | Block]) -> None:
         try:
             await self._sender.deliver(batch)
         finally:
             lane.in_flight -= 1
             self._pump(lane)
+            if self.on_idle is not None and lane.in_flight < self.config.max_in_flight_per_broker:
+                self.on_idle()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -11,8 +12,8 @@ from typing import Any
 from tidemq._runtime import LoopThread
 from tidemq.errors import ClientClosedError
 from tidemq.producer.config import ProducerStats
-from tidemq.producer.futures import Hub, SendFuture
-from tidemq.producer.producer import AsyncProducer
+from tidemq.producer.futures import MessageFuture, SendFuture
+from tidemq.producer.producer import AsyncProducer, is_plain
 from tidemq.producer.transactions import Transaction
 from tidemq.types import Message, SendResult
 
@@ -29,8 +30,10 @@ class Producer:
     def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
         self._core = AsyncProducer(nameserver, **settings)
         self.config = self._core.config
-        self._hub = Hub()
-        self._submitted = 0
+        self._hub = self._core.hub
+        self._submitted = itertools.count()  # messages accepted, answered or not
+        self._refunded = 0  # of those, refused after they were counted
+        self._limit = self.config.buffer_max_messages
         self._submit_lock = threading.Lock()
         self._runner = LoopThread("tidemq-producer")
         try:
@@ -86,7 +89,16 @@ class Producer:
         delay: dt.timedelta | float | None = None,
         delay_level: int | None = None,
     ) -> SendFuture:
-        future = SendFuture(self._hub)
+        blocks = self._core.blocks
+        if blocks is not None and is_plain(sharding_key, message_group, deliver_at, delay,
+                                         delay_level):  # fmt: skip
+            self._admit()
+            try:
+                return blocks.add(topic, body, tag, keys, properties)
+            except BaseException:
+                self._refund()
+                raise
+        future = MessageFuture(self._hub)
         pending = self._core.pending(
             topic,
             body,
@@ -100,18 +112,28 @@ class Producer:
             delay=delay,
             delay_level=delay_level,
         )
-        limit = self.config.buffer_max_messages
-        hub = self._hub
-        with self._submit_lock:
-            if self._submitted - hub.completed >= limit:
-                # Memory bound: wait until the broker has answered enough of what is queued.
-                hub.wait_for(lambda: self._submitted - hub.completed < limit, None)
-            self._submitted += 1
+        self._admit()
         try:
             self._core.submit_threadsafe(pending)
         except ClientClosedError as e:
             future.set_exception(e)
         return future
+
+    def _admit(self) -> None:
+        """Count one more message, waiting while ``buffer_max_messages`` are unanswered. The
+        count is ``itertools.count``'s (one C call, atomic between threads): no lock per
+        message; a message refused after it was counted is counted back (``_refund``)."""
+        hub = self._hub
+        before = next(self._submitted)  # messages accepted before this one
+        if before - self._refunded - hub.completed < self._limit:
+            return
+        # Memory bound: wait until the broker has answered enough of what is queued.
+        with self._submit_lock:
+            hub.wait_for(lambda: before - self._refunded - hub.completed < self._limit, None)
+
+    def _refund(self) -> None:
+        with self._submit_lock:
+            self._refunded += 1
 
     def send_batch(self, messages: Iterable[Message]) -> list[SendResult]:
         return self._runner.run(self._core.send_batch(list(messages)))

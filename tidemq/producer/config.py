@@ -26,6 +26,11 @@ class ProducerConfig:
     idempotent: bool = True
     producer_id: int | None = None
     attempt_timeout_ms: int = 3_000
+    # Plain messages (no message group, no delayed delivery, not transactional) travel as
+    # record blocks: encoded once, here, as the CommitLog records the broker stores
+    # (docs/sdk.md, "Record blocks"). False sends them one protobuf message each, as
+    # producers before blocks did: for brokers older than blocks (upgrade brokers first).
+    record_blocks: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -4,6 +4,7 @@ exactly once and tells ``flush`` when none is left."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import threading
@@ -13,17 +14,41 @@ from typing import TYPE_CHECKING, Any
 from tidemq.types import SendResult
 
 if TYPE_CHECKING:
+    from tidemq.producer.blocks import Block, BlockAnswer
     from tidemq.producer.pending import Pending
 
 log = logging.getLogger(__name__)
 
 
-class SendFuture:
+class SendFuture(abc.ABC):
     """The answer to one ``Producer.send_async``: ``result(timeout)`` waits for it.
 
-    Lighter than ``concurrent.futures.Future`` (no lock per message, which costs more than the
-    rest of a send): one condition per producer is notified only while someone waits.
+    ``concurrent.futures.Future``'s reading methods, lighter: no lock per message (which costs
+    more than the rest of a send); one condition per producer is notified only while someone
+    waits. A message that travels in a record block gets a ``blocks.BlockFuture``, any other a
+    ``MessageFuture``.
     """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def done(self) -> bool: ...
+
+    def cancelled(self) -> bool:
+        return False  # a message handed to the producer cannot be taken back
+
+    @abc.abstractmethod
+    def result(self, timeout: float | None = None) -> SendResult: ...
+
+    @abc.abstractmethod
+    def exception(self, timeout: float | None = None) -> BaseException | None: ...
+
+    @abc.abstractmethod
+    def add_done_callback(self, fn: Callable[[SendFuture], None]) -> None: ...
+
+
+class MessageFuture(SendFuture):
+    """The future of a message sent on its own (not in a record block)."""
 
     __slots__ = ("_callbacks", "_hub", "_state", "_value")
 
@@ -35,9 +60,6 @@ class SendFuture:
 
     def done(self) -> bool:
         return self._state != 0
-
-    def cancelled(self) -> bool:
-        return False  # a message handed to the producer cannot be taken back
 
     def result(self, timeout: float | None = None) -> SendResult:
         if not self._state:
@@ -127,19 +149,23 @@ class Unanswered:
         """``wake=False``: blocked callers of the blocking API are woken by the caller."""
         future = p.future
         if not future.done():
-            if type(future) is SendFuture:
+            if type(future) is MessageFuture:
                 future.set_result(result, wake=wake)
             else:
                 future.set_result(result)
         self._finished()
 
-    def fail(self, p: Pending, error: BaseException) -> None:
-        if not p.future.done():
-            p.future.set_exception(error)
-        self._finished()
+    def fail(self, p: Pending | Block, error: BaseException) -> None:
+        p.fail(error)
+        self._finished(p.count)
 
-    def _finished(self) -> None:
-        self.count -= 1
+    def complete_block(self, block: Block, answer: BlockAnswer) -> None:
+        """Every message of ``block`` answered at once (its futures derive their results)."""
+        block.resolve(answer)
+        self._finished(block.count)
+
+    def _finished(self, n: int = 1) -> None:
+        self.count -= n
         if self.count <= 0:
             self.count = 0
             self.idle.set()

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tidemq.producer.blocks import Block
     from tidemq.producer.pending import Pending
+
+    Sendable = Pending | Block
 
 MAX_PRODUCER_ID = (1 << 63) - 1
 MAX_EPOCH = (1 << 31) - 1
@@ -47,18 +51,19 @@ class ProducerIdentity:
         # When a sequence of each (queue, epoch) was last answered (monotonic seconds).
         self._settled_at: dict[tuple[QueueKey, int], float] = {}
 
-    def assign(self, p: Pending) -> None:
-        """Gives the message, just bound to its queue, the queue's next sequence."""
+    def assign(self, p: Sendable) -> None:
+        """Gives the message, just bound to its queue, the queue's next sequence (a block its
+        next ``count``: one run, identified by its first)."""
         q = p.queue
         assert q is not None
         key = (q.topic, q.broker_name, q.queue_id)
         seq = self._next.get(key, 0)
-        self._next[key] = seq + 1
+        self._next[key] = seq + p.count
         p.sequence = seq
         p.producer_epoch = self.epoch
         self._unresolved.setdefault((key, self.epoch), set()).add(seq)
 
-    def earlier_unresolved(self, p: Pending) -> bool:
+    def earlier_unresolved(self, p: Sendable) -> bool:
         """Whether an earlier sequence of the message's queue (and epoch) is still on its way:
         its SEQUENCE_GAP may heal once that one arrives."""
         q = p.queue
@@ -66,7 +71,7 @@ class ProducerIdentity:
         waiting = self._unresolved.get(((q.topic, q.broker_name, q.queue_id), p.producer_epoch))
         return waiting is not None and min(waiting) < p.sequence
 
-    def settled_since(self, p: Pending, since_s: float) -> bool:
+    def settled_since(self, p: Sendable, since_s: float) -> bool:
         """Whether a sequence of the message's queue (and epoch) was answered after
         ``since_s`` (monotonic)."""
         q = p.queue
@@ -74,7 +79,7 @@ class ProducerIdentity:
         at = self._settled_at.get(((q.topic, q.broker_name, q.queue_id), p.producer_epoch))
         return at is not None and at >= since_s
 
-    def settle_stored(self, group: list[Pending]) -> None:
+    def settle_stored(self, group: Sequence[Sendable]) -> None:
         """A request's messages, all answered as stored (once per request, not per message)."""
         now = time.monotonic()
         unresolved, settled_at = self._unresolved, self._settled_at
@@ -89,7 +94,7 @@ class ProducerIdentity:
                 if not waiting:
                     del unresolved[k]
 
-    def settle(self, p: Pending, stored: bool) -> None:
+    def settle(self, p: Sendable, stored: bool) -> None:
         """The message is answered: stored, or failed for good (which raises the epoch)."""
         q = p.queue
         assert q is not None

@@ -12,7 +12,7 @@ from tidemq.routes import MessageQueue
 from tidemq.types import SendResult
 
 if TYPE_CHECKING:
-    from tidemq.producer.futures import SendFuture
+    from tidemq.producer.futures import MessageFuture
 
 # What a message costs in a request beyond its body (topic, tag, keys, framing): an estimate,
 # only used to keep batches under batch_max_bytes.
@@ -48,7 +48,7 @@ class Pending:
         tag: str,
         keys: tuple[str, ...],
         properties: Mapping[str, str] | None,
-        future: asyncio.Future[SendResult] | SendFuture,
+        future: asyncio.Future[SendResult] | MessageFuture,
         deadline: float,
         sharding_key: str | None,
     ) -> None:
@@ -69,3 +69,11 @@ class Pending:
         # Idempotent producers (``idempotence``): given with the queue, kept through retries.
         self.sequence = -1
         self.producer_epoch = -1
+
+    # One message (a ``Block`` has many): what the producer counts and sequences give it.
+    count = 1
+
+    def fail(self, error: BaseException) -> None:
+        """Answer the message with ``error`` (unless it is answered already)."""
+        if not self.future.done():
+            self.future.set_exception(error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import random
 import time
@@ -19,9 +20,10 @@ from typing import Any
 from tidemq._runtime import Channels, nameserver_addresses
 from tidemq.errors import ClientClosedError, InvalidArgumentError, TidemqError
 from tidemq.producer.accumulator import Accumulator
+from tidemq.producer.blocks import Block, BlockCollector
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.delivery import delivery
-from tidemq.producer.futures import SendFuture, Unanswered
+from tidemq.producer.futures import Hub, MessageFuture, SendFuture, Unanswered
 from tidemq.producer.idempotence import ProducerIdentity
 from tidemq.producer.pending import Pending
 from tidemq.producer.recall import recall_message
@@ -62,6 +64,34 @@ def _message_group(message_group: str | None, sharding_key: str | None) -> str |
         raise InvalidArgumentError(str(e), code="INVALID_ARGUMENT") from None
 
 
+def is_plain(
+    sharding_key: str | None,
+    message_group: str | None,
+    deliver_at: object,
+    delay: object,
+    delay_level: int | None,
+) -> bool:
+    """A message that may travel in a record block: no group, no delayed delivery."""
+    return (
+        sharding_key is None
+        and message_group is None
+        and deliver_at is None
+        and delay is None
+        and delay_level is None
+    )
+
+
+def _settle(future: asyncio.Future[SendResult], answered: SendFuture) -> None:
+    """A block's answer for one message, handed to its asyncio future (on the loop)."""
+    if future.done():
+        return
+    error = answered.exception()
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(answered.result())
+
+
 class AsyncProducer:
     """Sends messages from an asyncio program. Use as ``async with AsyncProducer(...) as p``."""
 
@@ -72,7 +102,7 @@ class AsyncProducer:
         self._transaction_topics = tuple(settings.pop("transaction_topics", ()))
         self.config = ProducerConfig(**settings)
         self._nameservers = nameserver_addresses(nameserver)
-        self._awaiting_route: dict[str, list[Pending]] = {}
+        self._awaiting_route: dict[str, list[Pending | Block]] = {}
         self._inbox: deque[Pending] = deque()
         self._drain_scheduled = False
         self._next_batch_id = 0
@@ -88,6 +118,10 @@ class AsyncProducer:
         # The produce path: placed on a queue by the selector, batched by the accumulator,
         # sent by the sender, answered through ``_unanswered``.
         self._unanswered = Unanswered()
+        # Where the blocking API's callers wait for answers (``futures``).
+        self.hub = Hub()
+        # Plain messages' record blocks (``blocks``), filled from any thread once started.
+        self.blocks: BlockCollector | None = None
         self.identity = (
             ProducerIdentity(self.config.producer_id) if self.config.idempotent else None
         )
@@ -102,6 +136,16 @@ class AsyncProducer:
     async def start(self) -> AsyncProducer:
         if not self._started:
             self._loop = asyncio.get_running_loop()
+            if self.config.record_blocks:
+                self.blocks = BlockCollector(
+                    self.config,
+                    self.hub,
+                    self._loop,
+                    self._accept_block,
+                    self._accumulator.can_send,
+                )
+                if self.config.linger_ms <= 0:
+                    self._accumulator.on_idle = self.blocks.take_open
             self._started = True
             self._spawn(self._refresh_routes())
             for topic in self._transaction_topics:
@@ -116,6 +160,8 @@ class AsyncProducer:
 
     async def flush(self) -> None:
         """Until every message accepted so far is answered (sent, or failed)."""
+        if self.blocks is not None:
+            self.blocks.take_open()
         self._drain()
         self._accumulator.flush()
         await self._unanswered.idle.wait()
@@ -125,6 +171,8 @@ class AsyncProducer:
         if self._closed:
             return
         self._closed = True
+        if self.blocks is not None:
+            self.blocks.close()  # refuse more; the flush below sends what came before
         try:
             await asyncio.wait_for(self.flush(), self.config.send_timeout_ms / 1000)
         except TimeoutError:
@@ -172,6 +220,12 @@ class AsyncProducer:
         then, not now (``delivery``); its result carries ``recall_handle``."""
         self._check_open()
         future: asyncio.Future[SendResult] = asyncio.get_running_loop().create_future()
+        if self.blocks is not None and is_plain(sharding_key, message_group, deliver_at, delay,
+                                              delay_level):  # fmt: skip
+            self.blocks.add(topic, body, tag, keys, properties).add_done_callback(
+                functools.partial(_settle, future)
+            )
+            return await future
         pending = self.pending(
             topic,
             body,
@@ -267,7 +321,7 @@ class AsyncProducer:
         tag: str | None,
         keys: Sequence[str] | str,
         properties: Mapping[str, str] | None,
-        future: asyncio.Future[SendResult] | SendFuture,
+        future: asyncio.Future[SendResult] | MessageFuture,
         sharding_key: str | None,
         *,
         message_group: str | None = None,
@@ -300,7 +354,12 @@ class AsyncProducer:
             )
 
     # ------------------------------------------------------------------ routing
-    def _accept(self, p: Pending) -> None:
+    def _accept_block(self, block: Block) -> None:
+        """A sealed record block (on the loop): counted, then placed like a message."""
+        self._unanswered.expect(block.count)
+        self._accept(block)
+
+    def _accept(self, p: Pending | Block) -> None:
         """Place a counted message, once its topic's route is known."""
         topic = p.topic
         route = self.routes.cached(topic)
@@ -325,7 +384,7 @@ class AsyncProducer:
         for p in self._awaiting_route.pop(topic, []):
             self._place(p, route)
 
-    async def _place_later(self, p: Pending, error: TidemqError) -> None:
+    async def _place_later(self, p: Pending | Block, error: TidemqError) -> None:
         """No writable queue right now (a group changing masters): read the route again every
         ~100 ms until a master serves the topic or the send's deadline passes."""
         while time.monotonic() < p.deadline:
@@ -344,7 +403,7 @@ class AsyncProducer:
             return
         self._unanswered.fail(p, error)
 
-    def _place(self, p: Pending, route: TopicRoute) -> None:
+    def _place(self, p: Pending | Block, route: TopicRoute) -> None:
         try:
             queue = self._selector.select(route, p)
         except TidemqError as e:
@@ -356,4 +415,7 @@ class AsyncProducer:
         p.queue = queue
         if self.identity is not None:
             self.identity.assign(p)
-        self._accumulator.append(p, queue.broker_name)
+        if type(p) is Block:
+            self._accumulator.append_sealed(p, queue.broker_name)
+        else:
+            self._accumulator.append(p, queue.broker_name)  # type: ignore[arg-type]

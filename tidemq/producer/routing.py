@@ -12,6 +12,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 from tidemq._runtime import backoff, monotonic_ms
 from tidemq.errors import RouteNotFoundError, is_retriable
 from tidemq.fault import FaultToleranceConfig, LatencyFaultTolerance
+from tidemq.producer.blocks import Block
 from tidemq.producer.config import ProducerConfig
 from tidemq.producer.pending import Pending
 from tidemq.routes import MessageQueue, RouteCache, TopicRoute
@@ -42,7 +43,7 @@ class QueueSelector:
         raise AssertionError("unreachable: tenacity reraises")
 
     def select(
-        self, route: TopicRoute, p: Pending, avoid: frozenset[str] = frozenset()
+        self, route: TopicRoute, p: Pending | Block, avoid: frozenset[str] = frozenset()
     ) -> MessageQueue:
         queues = route.write_queues
         if not queues:

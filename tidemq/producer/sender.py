@@ -8,7 +8,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -18,22 +18,26 @@ from tenacity.wait import wait_base
 
 from tidemq._runtime import Channels, backoff, monotonic_ms
 from tidemq.errors import RequestTimeoutError, RouteNotFoundError, TidemqError, from_rpc_error
+from tidemq.producer.blocks import Block, BlockAnswer
 from tidemq.producer.config import ProducerConfig, ProducerStats
-from tidemq.producer.futures import SendFuture, Unanswered
+from tidemq.producer.futures import MessageFuture, Unanswered
 from tidemq.producer.idempotence import ProducerIdentity
 from tidemq.producer.pending import Pending
 from tidemq.producer.routing import QueueSelector
 from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.protos.record_blocks import encode_send_request
 from tidemq.routes import MessageQueue
 from tidemq.types import MESSAGE_GROUP_PROPERTY, SendResult, send_status
 
 log = logging.getLogger(__name__)
 
+Sendable = Pending | Block  # what a batch holds: messages, or record blocks of messages
+
 
 class _Retriable(Exception):
     """Inside ``deliver``: an attempt left these messages to retry, failed with ``error``."""
 
-    def __init__(self, error: TidemqError, left: list[Pending]) -> None:
+    def __init__(self, error: TidemqError, left: list[Sendable]) -> None:
         super().__init__(str(error))
         self.error = error
         self.left = left
@@ -62,6 +66,28 @@ def add_to_request(request: Any, p: Pending) -> None:
         m.deliver_at_ms, m.delay_ms, m.delay_level = p.delivery
 
 
+def block_request(request: Any, blocks: list[Block]) -> bytes:
+    """A SendMessage request of record blocks (one topic's), encoded: ``request`` holds the
+    other fields."""
+    request.block_topic = blocks[0].topic
+    encoded = []
+    for b in blocks:
+        assert b.queue is not None  # placed before it is sent
+        encoded.append((b.queue.queue_id, b.records(), b.count, max(b.sequence, 0)))
+    return encode_send_request(request.SerializeToString(), encoded)
+
+
+class _EncodedSend:
+    """SendMessage taking a request encoded already (``block_request``)."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.call = channel.unary_unary(
+            "/tidemq.v1.Broker/SendMessage",
+            request_serializer=None,  # bytes as they are
+            response_deserializer=broker_pb2.SendMessageResponse.FromString,
+        )
+
+
 class Sender:
     """Sends batches the accumulator sealed (and ``send_batch``'s atomic ones) as
     SendMessage requests, one per broker group."""
@@ -82,9 +108,9 @@ class Sender:
         self._unanswered = unanswered
         self.stats = stats
 
-    async def deliver(self, batch: list[Pending]) -> None:
+    async def deliver(self, batch: Sequence[Sendable]) -> None:
         """Send, retrying what failed retriably; every future ends done."""
-        remaining = batch
+        remaining = list(batch)
         failed_on: set[str] = set()
         try:
             try:
@@ -121,12 +147,26 @@ class Sender:
             for p in remaining:
                 self._fail(p, TidemqError(f"{type(e).__name__}: {e}"))
 
-    def _fail(self, p: Pending, error: TidemqError) -> None:
+    def _fail(self, p: Sendable, error: TidemqError) -> None:
         self._unanswered.fail(p, error)
         if p.sequence >= 0 and self.identity is not None:
             self.identity.settle(p, stored=False)
 
-    def _gap(self, group: list[Pending], err: TidemqError, sent_s: float) -> list[Pending]:
+    def _complete_blocks(self, group: list[Block], resp: Any, broker: str, address: str) -> None:
+        status = send_status(resp.block_status)
+        host, port, epoch = resp.store_host, resp.store_port, resp.epoch
+        complete = self._unanswered.complete_block
+        for block, r in zip(group, resp.block_results, strict=True):
+            complete(
+                block,
+                BlockAnswer(
+                    status, broker, epoch, address, host, port, r.first_queue_offset,
+                    r.first_commitlog_offset, r.added_bytes, r.head_added_bytes,
+                    list(r.file_start_indexes), list(r.file_start_offsets), r.duplicate,
+                ),
+            )  # fmt: skip
+
+    def _gap(self, group: list[Sendable], err: TidemqError, sent_s: float) -> list[Sendable]:
         """What of a request refused with SEQUENCE_GAP is worth sending again: the messages
         behind an earlier send of their queue that is still on its way, or that was answered
         after this request left (it may have reached the broker just after this one). The
@@ -141,7 +181,7 @@ class Sender:
                 self._fail(p, err)
         return again
 
-    async def _reroute(self, batch: list[Pending], avoid: frozenset[str]) -> list[Pending]:
+    async def _reroute(self, batch: list[Sendable], avoid: frozenset[str]) -> list[Sendable]:
         chosen: dict[tuple[str, int], MessageQueue] = {}
         for p in batch:
             topic = p.topic
@@ -167,24 +207,26 @@ class Sender:
             p.queue = queue
         return batch
 
-    async def _send_once(self, batch: list[Pending], failed_on: set[str]) -> None:
+    async def _send_once(self, batch: list[Sendable], failed_on: set[str]) -> None:
         """One attempt; raises ``_Retriable`` with what is left to retry (everything else is
         answered: sent, or failed for good)."""
-        # One request per broker group (and producer epoch: an idempotent request has one).
-        by_broker: dict[tuple[str, int], list[Pending]] = {}
+        # One request per broker group (and producer epoch: an idempotent request has one);
+        # record blocks travel in requests of their own, one topic each.
+        by_broker: dict[tuple[str, int, str | None], list[Sendable]] = {}
         for p in batch:
             assert p.queue is not None
-            by_broker.setdefault((p.queue.broker_name, p.producer_epoch), []).append(p)
+            key = (p.queue.broker_name, p.producer_epoch, p.topic if type(p) is Block else None)
+            by_broker.setdefault(key, []).append(p)
         if len(by_broker) == 1:
-            [((broker, _), group)] = by_broker.items()
+            [((broker, _, _), group)] = by_broker.items()
             outcomes = [await self._send_to(broker, group)]
         else:
             outcomes = await asyncio.gather(
-                *(self._send_to(broker, group) for (broker, _), group in by_broker.items())
+                *(self._send_to(broker, group) for (broker, _, _), group in by_broker.items())
             )
-        left: list[Pending] = []
+        left: list[Sendable] = []
         error: TidemqError | None = None
-        for (broker, _), (group, err) in zip(by_broker, outcomes, strict=True):
+        for (broker, _, _), (group, err) in zip(by_broker, outcomes, strict=True):
             if err is None:
                 continue
             if err.retriable:
@@ -198,8 +240,8 @@ class Sender:
             raise _Retriable(error, left)
 
     async def _send_to(
-        self, broker: str, group: list[Pending]
-    ) -> tuple[list[Pending], TidemqError | None]:
+        self, broker: str, group: list[Sendable]
+    ) -> tuple[list[Sendable], TidemqError | None]:
         topic = group[0].topic
         route = self._selector.routes.last_known(topic)
         address = None
@@ -231,14 +273,21 @@ class Sender:
             assert self.identity is not None
             request.producer_id = self.identity.producer_id
             request.producer_epoch = group[0].producer_epoch
-        for p in group:
+        blocks = [p for p in group if type(p) is Block]
+        messages = [p for p in group if type(p) is Pending]
+        encoded = block_request(request, blocks) if blocks else None
+        for p in messages:
             add_to_request(request, p)
         started = time.monotonic()
         self.stats.requests += 1
-        self.stats.messages += len(group)
+        self.stats.messages += sum(p.count for p in group)
         fault = self._selector.fault
         try:
-            resp = await stub.SendMessage(request, timeout=timeout_s)
+            if encoded is not None:
+                send = self._channels.stub(address, _EncodedSend).call
+                resp = await send(encoded, timeout=timeout_s)
+            else:
+                resp = await stub.SendMessage(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
             err = from_rpc_error(e, f"broker {broker} at {address}")
             self.stats.failed_requests += 1
@@ -250,8 +299,14 @@ class Sender:
         fault.record_latency(broker, (time.monotonic() - started) * 1000, monotonic_ms())
         name = resp.broker_name or broker
         epoch = resp.epoch
+        if blocks:
+            self._complete_blocks(blocks, resp, name, address)
+            if idempotent:
+                assert self.identity is not None
+                self.identity.settle_stored(group)
+            return group, None
         complete = self._unanswered.complete
-        for p, r in zip(group, resp.results, strict=True):
+        for p, r in zip(messages, resp.results, strict=True):
             result = SendResult(
                 send_status(r.status),
                 r.msg_id,
@@ -272,8 +327,8 @@ class Sender:
             assert self.identity is not None
             self.identity.settle_stored(group)
         # Blocked callers are woken once for the whole answer, not once per message.
-        for p in group:
-            if type(p.future) is SendFuture:
+        for p in messages:
+            if type(p.future) is MessageFuture:
                 p.future.wake_waiters()
                 break
         return group, None
