@@ -126,13 +126,17 @@ system-deps:
 			-o DPkg::Lock::Timeout=300 $$missing; \
 	fi
 
-# Prints JSON lines: the project's store, services, replication, receive/ack, production
+# Prints JSON lines: record blocks beside every ceiling issue 22 sets a goal on (blocks_bench.py,
+# docs/performance.md) and the transient store pool beside the direct path; the project's store,
+# services, replication, receive/ack, production
 # semantics (delayed delivery, idempotent and transactional sends) and Spark pipeline figures
 # and, measured in the same run, their ceilings (perfkit's mmap append and gRPC cases;
 # offset-based consumption for receive/ack; plain produce beside idempotent; tidemq bench
 # consume and a sequential file read for the pipeline), and the official Python client on the
 # RocketMQ 5 listener beside tidemq's own protocol (the broker's CPU per message on each).
 bench: venv $(ROCKETMQ_STAMP)
+	$(PY) bench/blocks_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/transient_pool_bench.py
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)

@@ -2,7 +2,8 @@
 in the same run on the same machine.
 
 usage: python bench/blocks_bench.py --perfkit ../shared/perfkit [--runs 3] [--messages 200000]
-           [--catchup-bytes 268435456] [--cases produce,replicate,catchup,store]
+           [--catchup-bytes 268435456] [--cases produce,replicate,catchup,store,floors]
+           [--default-malloc]
 
 Per run, 1 KiB bodies, one producer process (this one: the SDK's ``send_async`` batching, the
 producer's default settings):
@@ -16,17 +17,27 @@ producer's default settings):
 4. ``store``: in-process puts of producer-encoded blocks of 256 records (no gRPC, ASYNC flush):
    records/s and CPU per record, against perfkit's ``mmap_append.py`` pack+crc32 (cold pass: a
    CommitLog always writes pages nobody wrote before).
-5. perfkit's ``grpc_bench.py`` ``batch256_c8``: msgs/s and the echo server's CPU per message.
+5. ``floors`` (``blocks_floors.py``): what receiving a block's bytes costs a Python gRPC server
+   that does nothing with them, and what writing new pages costs, per KiB.
+6. perfkit's ``grpc_bench.py`` ``batch256_c8``: msgs/s and the echo server's CPU per message;
+   ``stream_1MiB``: MB/s.
 
 Prints one JSON object per line, and last a ``summary`` with medians, the ratios the issue sets
 goals on and one boolean per goal.
+
+Every process of the run (this one, the brokers, perfkit's ceilings) runs with glibc's malloc
+settings of perfkit's guide (section 5: buffers up to 8 MiB from the heap, which reuses their
+pages), as the image runs its servers: the script starts itself again with them unless they are
+set (``--default-malloc`` keeps glibc's defaults for all of them instead).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,14 +50,16 @@ from replication_bench import Cluster, catchup_run, fill_store
 from store_ceiling import ceiling
 
 from tidemq.cli.bench import run_consume_bench, run_produce_bench
+from tidemq.protos import record_blocks
 from tidemq.protos.record_blocks import encode_block
 from tidemq.storage import FlushMode, MessageStore, SentBlock, StoreConfig
+from tidemq.storage.record import block
 
 TOPIC = "BlocksBench"
 BODY_BYTES = 1024
 STORE_BLOCK = 256
 STORE_QUEUES = 8
-CASES = ("produce", "replicate", "catchup", "store")
+CASES = ("produce", "replicate", "catchup", "store", "floors")
 # The issue's goals.
 GOAL_BROKER_CPU_VS_ECHO = 2.0
 GOAL_PRODUCE_VS_BATCH_CEILING = 0.5
@@ -104,6 +117,7 @@ def produce_case(run: int, args: argparse.Namespace, scratch: str) -> dict[str, 
                 )  # fmt: skip
                 emit({**c, "bench": "consume", "run": run})
                 out["consume_msgs_per_s"] = c["msgs_per_s"]
+                out["consumer_cpu_us_per_msg"] = c["client_cpu_us_per_msg"]
         shutil.rmtree(d, ignore_errors=True)
     return out
 
@@ -188,6 +202,23 @@ def ceilings_case(run: int, args: argparse.Namespace, scratch: str) -> dict[str,
     return out
 
 
+def floors_case(run: int, scratch: str) -> dict[str, float]:
+    """``blocks_floors.py``: receiving a block's bytes in Python gRPC, and writing new pages."""
+    out = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench", "blocks_floors.py"), "--dir", scratch],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    figures: dict[str, float] = {}
+    for line in out.stdout.splitlines():
+        r = json.loads(line)
+        emit({**r, "run": run})
+        if r["bench"] == "floor_grpc_bytes":
+            figures["floor_grpc_server_cpu_us_per_kib"] = r["server_cpu_us_per_kib"]
+        else:
+            figures["floor_new_pages_cpu_us_per_kib"] = r["cpu_us_per_kib"]
+    return figures
+
+
 def ratios(r: dict[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
 
@@ -227,7 +258,13 @@ def goals(med: dict[str, float], rat: dict[str, float]) -> dict[str, bool]:
     return out
 
 
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "268435456"}
+
+
 def main() -> int:
+    if "--default-malloc" not in sys.argv and any(k not in os.environ for k in MALLOC_ENV):
+        # glibc reads them at start-up: the whole run (children inherit them) starts again.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--perfkit", default=os.path.join(REPO, "..", "shared", "perfkit"))
     parser.add_argument("--runs", type=int, default=3)
@@ -235,10 +272,21 @@ def main() -> int:
     parser.add_argument("--store-messages", type=int, default=500_000)
     parser.add_argument("--catchup-bytes", type=int, default=256 << 20)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument(
+        "--default-malloc", action="store_true", help="glibc's malloc defaults for every process"
+    )
     args = parser.parse_args()
     args.cases = set(args.cases.split(","))
     if unknown := args.cases - set(CASES):
         parser.error(f"unknown cases: {', '.join(sorted(unknown))}")
+    emit(
+        {
+            "bench": "setup",
+            "malloc": {k: os.environ.get(k, "glibc default") for k in MALLOC_ENV},
+            "broker_codec": block.IMPLEMENTATION,
+            "client_codec": record_blocks.IMPLEMENTATION,
+        }
+    )
     scratch = tempfile.mkdtemp(prefix="tidemq-blocks-bench-")
     runs = []
     try:
@@ -255,6 +303,8 @@ def main() -> int:
                 figures.update(catchup_case(run, scratch, fill))
             if "store" in args.cases:
                 figures.update(store_case(run, args, scratch))
+            if "floors" in args.cases:
+                figures.update(floors_case(run, scratch))
             runs.append(figures)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -121,14 +121,18 @@ def run_produce_bench(
                 if i % 256 == 0:
                     bar.update(i)
         else:
-            futures = []
-            for i in range(messages):
-                pace.before(i)
-                futures.append(producer.send_async(topic, body))
-                if i % 4096 == 0:
-                    bar.update(i)
-            for f in futures:
-                statuses[f.result().status.value] += 1
+            futures: list[Any] = []
+            send, keep = producer.send_async, futures.append
+            # Chunks of 4096 between progress lines (and pacing checks), so that the loop
+            # around each send costs as little of the producer's measured CPU as it can.
+            for start in range(0, messages, 4096):
+                for i in range(start, min(messages, start + 4096)):
+                    if rate is not None:
+                        pace.before(i)
+                    keep(send(topic, body))
+                bar.update(start)
+            for status, n in Counter(f.result().status for f in futures).items():
+                statuses[status.value] += n
         wall = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         if on_window is not None:

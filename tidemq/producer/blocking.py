@@ -95,6 +95,11 @@ class Producer:
             self._admit()
             try:
                 return blocks.add(topic, body, tag, keys, properties)
+            except ClientClosedError as e:
+                # As for any send: a closed producer answers the future, it does not raise.
+                closed = MessageFuture(self._hub)
+                closed.set_exception(e)  # counted as answered
+                return closed
             except BaseException:
                 self._refund()
                 raise

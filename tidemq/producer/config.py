@@ -8,7 +8,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ProducerConfig:
     group: str = "DEFAULT_PRODUCER"
-    batch_max_messages: int = 256
+    batch_max_messages: int = 1024
     batch_max_bytes: int = 1 << 20
     linger_ms: float = 0.0
     max_in_flight_per_broker: int = 4
