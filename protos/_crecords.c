@@ -1344,6 +1344,69 @@ error:
         goto done;                                                                           \
     } while (0)
 
+/* Where decode_records puts each value in an instance of a class without __dict__. */
+typedef struct {
+    Py_ssize_t field_off[F_COUNT];
+    Py_ssize_t ncommon;
+    Py_ssize_t *common_off;     /* NULL: the class has a __dict__ (no plan) */
+    PyObject **common_values;   /* borrowed from the caller's common dict */
+} SlotPlan;
+
+/* The offset of the object slot `name` of `cls` (a member descriptor found on the class), or
+ * -1 with TypeError. */
+static Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name) {
+    PyObject *d = _PyType_Lookup(cls, name); /* borrowed */
+    if (d != NULL && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if ((m->type == T_OBJECT_EX || m->type == T_OBJECT) && !(m->flags & READONLY)) {
+            return m->offset;
+        }
+    }
+    PyObject *cls_name = PyType_GetName(cls);
+    if (cls_name != NULL) {
+        PyErr_Format(PyExc_TypeError, "%U has neither a __dict__ nor a slot %R", cls_name, name);
+        Py_DECREF(cls_name);
+    }
+    return -1;
+}
+
+static void slot_plan_free(SlotPlan *plan) {
+    PyMem_Free(plan->common_off);
+    PyMem_Free(plan->common_values);
+    plan->common_off = NULL;
+    plan->common_values = NULL;
+}
+
+static int slot_plan(PyTypeObject *cls, PyObject *common, SlotPlan *plan) {
+    Py_ssize_t n = PyDict_GET_SIZE(common);
+    plan->ncommon = n;
+    plan->common_off = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    plan->common_values = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    if (plan->common_off == NULL || plan->common_values == NULL) {
+        slot_plan_free(plan);
+        PyErr_NoMemory();
+        return -1;
+    }
+    PyObject *key, *value;
+    Py_ssize_t i = 0, k = 0;
+    while (PyDict_Next(common, &i, &key, &value)) {
+        Py_ssize_t off = slot_offset(cls, key);
+        if (off < 0) {
+            slot_plan_free(plan);
+            return -1;
+        }
+        plan->common_off[k] = off;
+        plan->common_values[k++] = value;
+    }
+    for (int f = 0; f < F_COUNT; f++) {
+        if ((plan->field_off[f] = slot_offset(cls, FieldKeys[f])) < 0) {
+            slot_plan_free(plan);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *decode_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
     static const char *const names[] = {"cls", "common", "records"};
@@ -1366,8 +1429,6 @@ static PyObject *decode_records(PyObject *self, PyObject *const *args, Py_ssize_
         cls_problem = "%U is not created by object.__new__";
     } else if (PyType_HasFeature(cls, Py_TPFLAGS_IS_ABSTRACT)) {
         cls_problem = "%U is abstract";
-    } else if (cls->tp_dictoffset == 0) {
-        cls_problem = "instances of %U have no __dict__";
     }
     if (cls_problem != NULL) {
         PyObject *name = PyType_GetName(cls);
@@ -1383,10 +1444,17 @@ static PyObject *decode_records(PyObject *self, PyObject *const *args, Py_ssize_
     if (!PyBytes_Check(records)) {
         return fail_type(-1, "records must be bytes, not ", records);
     }
+    /* A class whose instances have no __dict__ (a dataclass with slots): the values go
+     * straight into the slots, found once per call (common's names, then the fields). */
+    SlotPlan slots = {0};
+    if (cls->tp_dictoffset == 0 && slot_plan(cls, common, &slots) < 0) {
+        return NULL;
+    }
     /* Every record's __dict__ starts as a copy of this one: common's items, then each field
      * name (bound to None until the record's value replaces it), so no copy ever resizes. */
     PyObject *base = PyDict_Copy(common);
     if (base == NULL) {
+        slot_plan_free(&slots);
         return NULL;
     }
     for (int f = 0; f < F_COUNT; f++) {
@@ -1496,6 +1564,31 @@ static PyObject *decode_records(PyObject *self, PyObject *const *args, Py_ssize_
             }
         }
         PyObject *obj = NULL, *dict = NULL;
+        if (ok && slots.common_off != NULL) {
+            /* No Python code runs between the allocation and the last store: the instance is
+             * seen by nobody before every slot holds its value. */
+            obj = cls->tp_alloc(cls, 0);
+            ok = obj != NULL;
+            for (Py_ssize_t k = 0; ok && k < slots.ncommon; k++) {
+                *(PyObject **)((char *)obj + slots.common_off[k]) =
+                    Py_NewRef(slots.common_values[k]);
+            }
+            for (int f = 0; ok && f < F_COUNT; f++) {
+                *(PyObject **)((char *)obj + slots.field_off[f]) = values[f]; /* stolen */
+                values[f] = NULL;
+            }
+            ok = ok && PyList_Append(out, obj) == 0;
+            for (int f = 0; f < F_COUNT; f++) {
+                Py_XDECREF(values[f]);
+            }
+            Py_XDECREF(obj);
+            if (!ok) {
+                goto done;
+            }
+            pos += size;
+            index++;
+            continue;
+        }
         if (ok) {
             dict = PyDict_Copy(base);
             ok = dict != NULL;
@@ -1524,6 +1617,7 @@ static PyObject *decode_records(PyObject *self, PyObject *const *args, Py_ssize_
 done:
     cache_clear(&cache);
     Py_DECREF(base);
+    slot_plan_free(&slots);
     if (PyErr_Occurred()) {
         Py_CLEAR(out);
     }

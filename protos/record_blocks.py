@@ -121,7 +121,7 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
 T = TypeVar("T")
@@ -550,6 +550,21 @@ def _derive_results(
     return out
 
 
+# The fields decode_records gives every record, besides ``common``'s.
+_DECODED_FIELDS = (
+    "topic", "queue_id", "queue_offset", "body", "tag", "keys", "properties", "msg_id",
+    "born_timestamp_ms", "store_timestamp_ms", "commitlog_offset", "born_host", "store_host",
+    "reconsume_times",
+)  # fmt: skip
+
+
+class _Slotted:
+    __slots__ = ("slot",)
+
+
+_MEMBER_DESCRIPTOR = type(_Slotted.__dict__["slot"])
+
+
 def _check_instance_class(cls: object) -> type:
     if not isinstance(cls, type):
         raise TypeError(f"cls must be a class, not {_type_name(cls)}")
@@ -558,9 +573,21 @@ def _check_instance_class(cls: object) -> type:
         raise TypeError(f"{cls.__name__} is not created by object.__new__")
     if cls.__flags__ & _ABSTRACT_FLAG:
         raise TypeError(f"{cls.__name__} is abstract")
-    if not cls.__dictoffset__:
-        raise TypeError(f"instances of {cls.__name__} have no __dict__")
     return cls
+
+
+def _slots_of(cls: type, names: Iterable[str]) -> dict[str, Any] | None:
+    """The slot setters of ``names`` for a class whose instances have no ``__dict__`` (its
+    fields are slots), None for a class with ``__dict__``; a name without a slot is refused."""
+    if cls.__dictoffset__:
+        return None
+    setters = {}
+    for name in names:
+        slot: Any = getattr(cls, name, None)
+        if type(slot) is not _MEMBER_DESCRIPTOR:
+            raise TypeError(f"{cls.__name__} has neither a __dict__ nor a slot {name!r}")
+        setters[name] = slot.__set__
+    return setters
 
 
 def _host_text(raw: bytes) -> str:
@@ -580,12 +607,15 @@ def py_decode_records(cls: type[T], common: dict[str, Any], records: bytes) -> l
     """Pulled records (stored form, back to back) as instances of ``cls`` made without its
     ``__init__``: each ``__dict__`` is a copy of ``common`` plus the record's fields (topic,
     queue_id, queue_offset, body, tag, keys, properties, msg_id, born_timestamp_ms,
-    store_timestamp_ms, commitlog_offset, born_host, store_host, reconsume_times)."""
+    store_timestamp_ms, commitlog_offset, born_host, store_host, reconsume_times); for a class
+    whose instances have no ``__dict__`` (a dataclass with slots), the same values go in their
+    slots (one for each name of ``common`` and each field)."""
     _check_instance_class(cls)
     if not isinstance(common, dict):
         raise TypeError(f"common must be a dict, not {_type_name(common)}")
     if not isinstance(records, bytes):
         raise TypeError(f"records must be bytes, not {_type_name(records)}")
+    setters = _slots_of(cls, [*common, *_DECODED_FIELDS])
     out: list[T] = []
     topics: dict[bytes, str] = {}
     hosts: dict[bytes, str] = {}
@@ -674,28 +704,29 @@ def py_decode_records(cls: type[T], common: dict[str, Any], records: bytes) -> l
         id_prefix = id_prefixes.get(store_raw)
         if id_prefix is None:
             id_prefix = id_prefixes[store_raw] = store_raw.hex().upper()
+        fields = {
+            **common,
+            "topic": topic,
+            "queue_id": f[3],
+            "queue_offset": f[5],
+            "body": records[body_at:topic_len_at],
+            "tag": tag,
+            "keys": keys,
+            "properties": props,
+            "msg_id": f"{id_prefix}{phy:016X}",
+            "born_timestamp_ms": f[8],
+            "store_timestamp_ms": f[11],
+            "commitlog_offset": phy,
+            "born_host": born_host,
+            "store_host": store_host,
+            "reconsume_times": f[14],
+        }
         obj = _new_object(cls)
-        _set_attr(
-            obj,
-            "__dict__",
-            {
-                **common,
-                "topic": topic,
-                "queue_id": f[3],
-                "queue_offset": f[5],
-                "body": records[body_at:topic_len_at],
-                "tag": tag,
-                "keys": keys,
-                "properties": props,
-                "msg_id": f"{id_prefix}{phy:016X}",
-                "born_timestamp_ms": f[8],
-                "store_timestamp_ms": f[11],
-                "commitlog_offset": phy,
-                "born_host": born_host,
-                "store_host": store_host,
-                "reconsume_times": f[14],
-            },
-        )
+        if setters is None:
+            _set_attr(obj, "__dict__", fields)
+        else:
+            for name, value in fields.items():
+                setters[name](obj, value)
         out.append(obj)
         pos = end
     return out

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 import grpc
 
 from tidemq.protos import replication_pb2, replication_pb2_grpc
+from tidemq.protos.wire import chunk_frame
 from tidemq.replication.acks import GroupAck
 from tidemq.replication.config import ReplicationConfig
 from tidemq.replication.epochs import EpochEntry, EpochFile, EpochLog
@@ -288,14 +289,10 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                 if data:
                     # ``end`` as when the chunk was chosen: reaching it means caught up then.
                     tracker.on_sent(link_id, action.offset, len(data), monotonic_ms(), end)
-                    yield R.MasterMessage(
-                        chunk=R.Chunk(
-                            offset=action.offset,
-                            data=data,
-                            epoch=epoch,
-                            epoch_start_offset=epoch_start,
-                            confirm_offset=self.confirmed_offset,
-                        )
+                    # Encoded here, the data copied once (protobuf would copy it three
+                    # times); the stream sends bytes as they are.
+                    yield chunk_frame(
+                        action.offset, data, epoch, epoch_start, self.confirmed_offset
                     )
                     continue
             elif isinstance(action, SendHeartbeat):

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from tidemq.protos import replication_pb2, replication_pb2_grpc
+from tidemq.protos import replication_pb2
+from tidemq.protos.wire import FrameError, parse_chunk_frame
 from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig, SlaveFlush
 from tidemq.replication.epochs import BACKUP_SUFFIX, FILE_NAME, EpochFile
 from tidemq.replication.handshake import Identity
@@ -39,6 +40,31 @@ R = replication_pb2
 # What a slave accepts in one message: the largest chunk any master may be configured to send
 # (the slave's own chunk_bytes says nothing about its master's) plus framing.
 _MAX_MESSAGE_BYTES = MAX_CHUNK_BYTES + 64 * 1024
+
+
+_STREAM_METHOD = "/tidemq.v1.Replication/Stream"
+
+
+class ChunkFrame(NamedTuple):
+    """A chunk as ``wire.parse_chunk_frame`` reads it: ``data`` a view of the message."""
+
+    offset: int
+    data: memoryview
+    epoch: int
+    epoch_start_offset: int
+    confirm_offset: int
+
+
+def master_message(raw: bytes) -> Any:
+    """A message of the master's stream: a chunk parsed without copying its data, anything
+    else by protobuf."""
+    try:
+        chunk = parse_chunk_frame(raw)
+    except FrameError:
+        chunk = None  # protobuf says what is wrong with it
+    if chunk is not None:
+        return ChunkFrame(*chunk)
+    return R.MasterMessage.FromString(raw)
 
 
 def _raise_if_cancelling() -> None:
@@ -160,7 +186,12 @@ class SlaveClient:
         cl = store.log
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
         async with grpc.aio.insecure_channel(address, options=options) as channel:
-            call = self._call = replication_pb2_grpc.ReplicationStub(channel).Stream()
+            stream = channel.stream_stream(
+                _STREAM_METHOD,
+                request_serializer=R.SlaveMessage.SerializeToString,
+                response_deserializer=master_message,
+            )
+            call = self._call = stream()
             inbox: asyncio.Queue[Any] = asyncio.Queue()
             reader = asyncio.create_task(self._read(call, inbox))
             try:
@@ -280,8 +311,16 @@ class SlaveClient:
             m = await self._next(inbox, session)
             if m is None:
                 continue
+            if type(m) is ChunkFrame:
+                data = m.data
+                session.on_chunk(m.offset, len(data), monotonic_ms())
+                self._note_epoch(m.epoch, m.epoch_start_offset)
+                end = await asyncio.to_thread(store.append_raw, m.offset, data)
+                session.on_appended(end)
+                self._note_confirm(m.confirm_offset, end)
+                continue
             kind = m.WhichOneof("kind")
-            if kind == "chunk":
+            if kind == "chunk":  # a chunk protobuf encoded in a way the frame parser leaves
                 chunk = m.chunk
                 data = chunk.data
                 session.on_chunk(chunk.offset, len(data), monotonic_ms())

@@ -257,9 +257,7 @@ def _decode_in_handler(handler: Any) -> Any:
             return _decode_in_bidi_handler(handler)
         return handler
 
-    def encode_unless_encoded(response: Any) -> bytes:
-        # A handler may answer bytes it encoded itself (a pull encodes its answer in slices).
-        return response if isinstance(response, bytes) else encode(response)
+    encode_unless_encoded = _encode_unless_encoded(encode)
 
     async def unary_unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -292,6 +290,15 @@ def _decode_in_stream_handler(handler: Any) -> Any:
     return handler._replace(request_deserializer=None, unary_stream=unary_stream)
 
 
+def _encode_unless_encoded(encode: Any) -> Any:
+    def encoded(response: Any) -> bytes:
+        # A handler may answer bytes it encoded itself (a pull encodes its answer in slices, a
+        # master its replication chunks).
+        return response if isinstance(response, bytes) else encode(response)
+
+    return encoded
+
+
 def _decode_in_bidi_handler(handler: Any) -> Any:
     """A bidirectional stream (RocketMQ 5's Telemetry): each inbound message is decoded as the
     handler reads it; one that does not decode raises ``ServiceError(INVALID_ARGUMENT)`` there,
@@ -312,4 +319,8 @@ def _decode_in_bidi_handler(handler: Any) -> Any:
         async for response in behavior(decoded(raw_requests), context):
             yield response
 
-    return handler._replace(request_deserializer=None, stream_stream=stream_stream)
+    return handler._replace(
+        request_deserializer=None,
+        response_serializer=_encode_unless_encoded(handler.response_serializer),
+        stream_stream=stream_stream,
+    )

@@ -27,6 +27,9 @@ _INDEX_BATCH = 1024  # messages with keys whose index entries are written in one
 # a whole file does not hold millions of gathered entries at once.
 _SPAN_RECORDS = 4096
 _EARLY_BLANK = "blank marker before the rest of its file arrived"
+# Mapped in one call ahead of each span's scan (``MappedFile.map_in``): a span's records at most,
+# for spans of small records.
+_MAP_IN_BYTES = 8 << 20
 
 DispatchListener = Callable[[str, int, int], None]
 """Called with (topic, queue id, new max queue offset) after new entries become readable."""
@@ -153,6 +156,8 @@ class Dispatcher:
                 break
             base = f.base_offset
             left = _SPAN_RECORDS if max_records is None else min(_SPAN_RECORDS, max_records - count)
+            pos = self.offset - base
+            f.map_in(pos, min(f.committed, end - base, pos + _MAP_IN_BYTES) - pos)
             scan = scan_span(
                 f.mm,
                 self.offset - base,

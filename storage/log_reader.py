@@ -5,13 +5,24 @@ its files or its positions."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.crc import crc32
 from tidemq.storage.errors import OffsetBelowMinError
-from tidemq.storage.record import RecordInfo
+from tidemq.storage.record import END_OF_FILE, RecordInfo
+from tidemq.storage.record.runs import Item, scan_runs
 
 _CRC_READ_BYTES = 1 << 20
+
+
+class RunsFound(NamedTuple):
+    """What ``CommitLogReader.scan_runs`` found."""
+
+    end: int  # where the walk stopped: the next record to scan
+    scanned: int
+    items: list[Item]
+    last: tuple[int, int, int, str] | None  # the last record got past (``RunScan.last``)
 
 
 class CommitLogReader:
@@ -48,6 +59,36 @@ class CommitLogReader:
         """The records from ``start`` (a record boundary) up to ``end``, as
         ``CommitLog.iter_records`` walks them; CRCs are checked from ``verify_from`` on."""
         return self._cl.iter_records(start, end, verify_from)
+
+    def scan_runs(self, start: int, end: int, name: bytes, member_flag: int) -> RunsFound:
+        """``record.runs.scan_runs`` over [start, end) (``start`` a record boundary), across
+        files: the items of every span, where the walk stopped (before an incomplete or
+        corrupt record, or at ``end``) and the last record it got past. Raises
+        ``OffsetBelowMinError`` when retention deleted the file under the walk."""
+        cl = self._cl
+        items: list[Item] = []
+        scanned = 0
+        last = None
+        off = start
+        while off < end:
+            f = cl.mfq.find_file(off)
+            if f is None:
+                break
+            base = f.base_offset
+            try:
+                scan = scan_runs(
+                    f.mm, off - base, min(f.committed, end - base), base, 0, name, member_flag
+                )
+            except ValueError as e:  # the file was closed by retention while we read it
+                raise OffsetBelowMinError("CommitLog offset", off, cl.min_offset) from e
+            items += scan.items
+            scanned += scan.scanned
+            last = scan.last or last
+            off = base + scan.end
+            if scan.status != END_OF_FILE or f.committed < f.size:
+                break  # at ``end``, or before a record (or a file's rest) still arriving
+            off = f.end_offset
+        return RunsFound(off, scanned, items, last)
 
     def crc_of(self, offset: int, length: int) -> int | None:
         """CRC-32 of [offset, offset + length), or None when the log does not hold all of it

@@ -230,6 +230,20 @@ class MappedFile:
             self._addr = pages.address_of(self.mm)
         return self._addr
 
+    def map_in(self, pos: int, length: int) -> None:
+        """Map [pos, pos + length) of what the file holds into this process with one call
+        (``MADV_POPULATE_READ``, the GIL released) before a reader walks it: one fault per page
+        otherwise, each a trap into the kernel (and, on a VM, out of it), which cost the
+        dispatch of replicated bytes more than checking them. Only an optimisation: a refusal
+        leaves the reader to fault them in."""
+        if length <= 0:
+            return
+        with self._io_lock:
+            if self.closed:
+                return
+            start = pos - pos % PAGE_SIZE
+            pages.populate(self._address() + start, pos + length - start, write=False)
+
     def warm(self, pos: int, length: int, scratch: bytearray | None = None) -> bool:
         """Bring [pos, pos + length) of the file into the page cache, ahead of the writes (see
         storage.warm); False if the file is closed or the kernel refused.

@@ -1731,6 +1731,156 @@ PyDoc_STRVAR(setup_doc,
              " corrupt_record, filled_block, span_scan, gather_result)\n\n"
              "The error classes and answer types, from block.py (called once at its import).");
 
+/* ------------------------------------------------------------------ scan_runs */
+
+/* Whether the properties hold an item named exactly `name` (name 0x01 value). */
+static int find_prop(const uint8_t *b, const rec_t *r, const uint8_t *name, Py_ssize_t name_len) {
+    if (!r->props_len) return 0;
+    const uint8_t *p = b + r->props_s, *end = b + r->props_e;
+    for (;;) {
+        const uint8_t *sep = memchr(p, 0x02, (size_t)(end - p));
+        const uint8_t *item_end = sep ? sep : end;
+        if (item_end - p > name_len && p[name_len] == 0x01 && !memcmp(p, name, (size_t)name_len))
+            return 1;
+        if (!sep) return 0;
+        p = sep + 1;
+    }
+}
+
+static int append_item(PyObject *items, PyObject *t) {
+    if (t == NULL) return -1;
+    int rc = PyList_Append(items, t);
+    Py_DECREF(t);
+    return rc;
+}
+
+PyDoc_STRVAR(scan_runs_doc,
+"scan_runs(buf, pos, limit, base, max_records, name, member_flag) -> tuple\n\n"
+"The compiled twin of runs.py_scan_runs (its docstring says what it answers).");
+
+static PyObject *scan_runs(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"buf", "pos", "limit", "base", "max_records", "name", "member_flag",
+                             NULL};
+    Py_buffer view, name;
+    Py_ssize_t pos, limit, max_records;
+    long long base;
+    int member_flag;
+    scan_t s;
+    PyObject *items = NULL, *result = NULL, *reason = NULL, *last = NULL;
+    char why[160];
+
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*nnLny*i", kwlist, &view, &pos, &limit, &base,
+                                     &max_records, &name, &member_flag))
+        return NULL;
+    memset(&s, 0, sizeof s);
+    s.last_topic = s.last_run = -1;
+    if (pos < 0 || limit > view.len) {
+        PyErr_Format(PyExc_ValueError, "span [%zd, %zd) outside a buffer of %zd bytes", pos, limit,
+                     view.len);
+        goto done;
+    }
+    s.tmask = 15;
+    s.tslots = PyMem_Calloc(16, sizeof(Py_ssize_t));
+    if (s.tslots == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    items = PyList_New(0);
+    if (items == NULL) goto done;
+
+    const uint8_t *b = view.buf;
+    Py_ssize_t count = 0;
+    int status = ST_OK;
+    /* The open segment of member records: their topic and queue, first and next queue offset,
+     * count, and the last one's position and size; kind: 0 none, 1 members, 2 plain records. */
+    int kind = 0;
+    Py_ssize_t seg_topic = -1;
+    int32_t seg_qid = 0;
+    int64_t seg_first = 0, seg_next = 0, seg_last_phy = 0;
+    Py_ssize_t seg_count = 0, seg_last_size = 0;
+    rec_t prev;
+    Py_ssize_t prev_topic = -1;
+    while (pos < limit) {
+        if (max_records && count >= max_records) break;
+        int64_t at = base + pos;
+        rec_t r;
+        int st = layout(b, view.len, pos, limit, at, &r, why, sizeof why);
+        if (st == ST_OK && !same_topic(&s, b + r.topic_s, r.topic_e - r.topic_s) &&
+            !topic_ok(b + r.topic_s, r.topic_e - r.topic_s)) {
+            st = ST_CORRUPT;
+            snprintf(why, sizeof why, "topic is empty or holds bytes no topic may hold");
+        }
+        if (st != ST_OK) {
+            status = st;
+            if (why[0] && (reason = PyUnicode_FromString(why)) == NULL) goto done;
+            break;
+        }
+        Py_ssize_t topic = topic_index(&s, b + r.topic_s, r.topic_e - r.topic_s);
+        if (topic < 0) goto done;
+        int stamped = find_prop(b, &r, name.buf, name.len);
+        int member = !stamped && (r.sys_flag & member_flag);
+        int continues = kind == 1 && member && topic == seg_topic && r.queue_id == seg_qid &&
+                        r.queue_offset == seg_next;
+        if (kind == 1 && !continues) {
+            if (append_item(items, Py_BuildValue("(iOiLnLn)", 1, s.topics[seg_topic].str, seg_qid,
+                                                 (long long)seg_first, seg_count,
+                                                 (long long)seg_last_phy, seg_last_size)) < 0)
+                goto done;
+            kind = 0;
+        }
+        if (stamped) {
+            PyObject *props = PyBytes_FromStringAndSize((const char *)b + r.props_s,
+                                                        r.props_e - r.props_s);
+            if (props == NULL) goto done;
+            if (append_item(items, Py_BuildValue("(iLnOiLN)", 0, (long long)r.phy, r.end - r.pos,
+                                                 s.topics[topic].str, r.queue_id,
+                                                 (long long)r.queue_offset, props)) < 0)
+                goto done;
+            kind = 0;
+        } else if (member) {
+            if (!continues) {
+                kind = 1;
+                seg_topic = topic;
+                seg_qid = r.queue_id;
+                seg_first = r.queue_offset;
+                seg_count = 0;
+            }
+            seg_count++;
+            seg_next = r.queue_offset + 1;
+            seg_last_phy = r.phy;
+            seg_last_size = r.end - r.pos;
+        } else if (kind != 2) {
+            if (append_item(items, Py_BuildValue("(iL)", 2, (long long)r.phy)) < 0) goto done;
+            kind = 2;
+        }
+        prev = r;
+        prev_topic = topic;
+        count++;
+        pos = r.end;
+    }
+    if (kind == 1 &&
+        append_item(items, Py_BuildValue("(iOiLnLn)", 1, s.topics[seg_topic].str, seg_qid,
+                                         (long long)seg_first, seg_count, (long long)seg_last_phy,
+                                         seg_last_size)) < 0)
+        goto done;
+    if (prev_topic >= 0) {
+        last = Py_BuildValue("(LnLO)", (long long)prev.phy, prev.end - prev.pos,
+                             (long long)prev.queue_offset, s.topics[prev_topic].str);
+        if (last == NULL) goto done;
+    } else {
+        last = Py_NewRef(Py_None);
+    }
+    result = Py_BuildValue("(nniOOO)", count, pos, status, reason ? reason : Py_None, items, last);
+done:
+    scan_free(&s);
+    Py_XDECREF(reason);
+    Py_XDECREF(items);
+    Py_XDECREF(last);
+    PyBuffer_Release(&view);
+    if (name.obj != NULL) PyBuffer_Release(&name);
+    return result;
+}
+
 static PyObject *setup(PyObject *self, PyObject *args) {
     PyObject *o[8];
     if (!PyArg_ParseTuple(args, "OOOOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7]))
@@ -1762,6 +1912,8 @@ static PyMethodDef methods[] = {
      scan_span_doc},
     {"gather_records", (PyCFunction)(void (*)(void))gather_records, METH_VARARGS | METH_KEYWORDS,
      gather_doc},
+    {"scan_runs", (PyCFunction)(void (*)(void))scan_runs, METH_VARARGS | METH_KEYWORDS,
+     scan_runs_doc},
     {NULL, NULL, 0, NULL},
 };
 

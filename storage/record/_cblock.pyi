@@ -2,7 +2,7 @@
 ``block.py_scan_span`` and ``gather.py_gather_records``, and zlib's ``crc32``."""
 
 from collections.abc import Collection
-from typing import Final
+from typing import Any, Final
 
 from tidemq.storage.record.block import FilledBlock, SpanScan
 from tidemq.storage.record.gather import GatherResult
@@ -64,3 +64,12 @@ def gather_records(
     out: bytearray,
     require_record_crc: bool,
 ) -> GatherResult: ...
+def scan_runs(
+    buf: Buf,
+    pos: int,
+    limit: int,
+    base: int,
+    max_records: int,
+    name: bytes,
+    member_flag: int,
+) -> tuple[int, int, int, str | None, list[tuple[Any, ...]], tuple[int, int, int, str] | None]: ...

@@ -95,7 +95,7 @@ def test_a_received_message_built_fast_is_the_same_frozen_value_as_one_built_fie
         message_group="g",
         invisible_until_ms=9,
     )
-    assert vars(fast) == vars(slow)
+    assert dataclasses.asdict(fast) == dataclasses.asdict(slow)
     assert fast == slow
     with pytest.raises(dataclasses.FrozenInstanceError):
         fast.topic = "other"  # type: ignore[misc]

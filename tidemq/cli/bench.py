@@ -28,7 +28,7 @@ from tidemq.producer import Producer
 
 WARMUP_MESSAGES = 2_000
 # Pull batches larger than the SDK's default (32): a consumer catching up on a backlog.
-BENCH_PULL_BATCH = 256
+BENCH_PULL_BATCH = 1024
 
 
 class _Progress:

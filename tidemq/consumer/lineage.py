@@ -32,7 +32,7 @@ from tidemq.protos import broker_pb2
 DEPTH = 256
 
 
-class Mark(NamedTuple):  # a tuple: one is made for every message pulled
+class Mark(NamedTuple):  # a tuple, made only when a check compares one
     queue_offset: int
     msg_id: str
     store_timestamp_ms: int
@@ -49,7 +49,9 @@ class Lineage:
     holds them before the consumer goes on."""
 
     def __init__(self, depth: int = DEPTH) -> None:
-        self._marks: deque[Mark] = deque(maxlen=depth)
+        # The newest pulled messages themselves (their marks are made only when a check
+        # compares them: making one per message pulled cost more than the rest of a pull).
+        self._marks: deque[Any] = deque(maxlen=depth)
         self._source: str | None = None
         self._epoch: int | None = None  # the log epoch of the answers the marks came from
         self.checking = False
@@ -60,7 +62,7 @@ class Lineage:
         """A pull from ``address`` answered at ``log_epoch``; ``messages`` are what it brought."""
         self._source = address
         self._epoch = log_epoch
-        self._marks.extend(map(mark_of, messages[-DEPTH:]))
+        self._marks.extend(messages[-DEPTH:])
 
     def answered_at(self, log_epoch: int) -> bool:
         """A pull's answer came from a log at ``log_epoch``. True (and a check begins) when the
@@ -88,7 +90,8 @@ class Lineage:
 
     def check_offset(self) -> int:
         """The queue offset a check reads: the newest record not yet ruled out."""
-        return self._marks[-1].queue_offset
+        offset: int = self._marks[-1].queue_offset
+        return offset
 
     def judge(
         self, position: int, status: int, messages: Sequence[Any], max_offset: int
@@ -96,7 +99,7 @@ class Lineage:
         """The answer of a check (a pull from ``check_offset()``, ``max_offset`` the broker's
         end of the queue): the queue offset to go on from, or None to check one record back.
         ``position`` is where the consumer stands now."""
-        newest = self._marks[-1]
+        newest = mark_of(self._marks[-1])
         if status == broker_pb2.OFFSET_TOO_SMALL:
             # Retention took the record: nothing left to compare; the pull that follows moves
             # the position as for any deleted range.
@@ -112,8 +115,9 @@ class Lineage:
             # The broker's queue ends before it: nothing pulled from that end on was kept.
             while self._marks and self._marks[-1].queue_offset >= max_offset:
                 gone = self._marks.pop()
-        self.parted_at = gone.queue_offset
+        parted: int = gone.queue_offset
+        self.parted_at = parted
         if self._marks:
             return None
         self.checking = False
-        return min(gone.queue_offset, max_offset)
+        return min(parted, max_offset)

@@ -35,7 +35,7 @@ from tidemq.services.broker.idempotence.table import IdempotenceTable
 from tidemq.storage import MessageStore
 from tidemq.storage.atomic_file import read_with_fallback, write_atomic
 from tidemq.storage.errors import OffsetBelowMinError
-from tidemq.storage.record import END_OF_FILE, OK, RecordInfo
+from tidemq.storage.record import OK, RecordInfo
 from tidemq.storage.record.properties import find_property
 
 log = logging.getLogger(__name__)
@@ -47,23 +47,9 @@ SNAPSHOT_INTERVAL_S = 10.0
 _REAL_TOPIC = b"REAL_TOPIC"
 _REAL_QID = b"REAL_QID"
 _STAMP = PRODUCER_SEQ_PROPERTY.encode()
-_STAMP_NAME = _STAMP + b"\x01"
-_READ_BYTES = 1 << 20
-
-
-def properties_of(buf: bytes, pos: int, size: int, topic: str) -> bytes | None:
-    """The encoded properties of the record at ``pos``: a record ends with its topic, the
-    properties' length (2 bytes) and the properties. Found from the end, where the topic is
-    the last occurrence whose length field reaches exactly the record's end."""
-    t = topic.encode()
-    end = pos + size
-    i = buf.rfind(t, pos, end)
-    while i >= 0:
-        j = i + len(t)
-        if j + 2 <= end and int.from_bytes(buf[j : j + 2], "big") == end - j - 2:
-            return buf[j + 2 : end]
-        i = buf.rfind(t, pos, j - 1)
-    return None
+# What ``CommitLogReader.scan_runs`` answers (``storage.record.runs``): a stamped head, a run of
+# flagged members, other records.
+_HEAD, _MEMBERS = 0, 1
 
 
 class Mark(NamedTuple):
@@ -144,43 +130,29 @@ class LogScan:
         return self._scan(start, end)
 
     def _scan(self, start: int, end: int) -> int:
+        """Scan [start, end): the compiled walk finds the stamped heads and the runs of flagged
+        records after them (``CommitLogReader.scan_runs``), so no Python code runs per record:
+        per head, per run of members and per stretch of other records."""
         log_ = self.store.log
-        fs = log_.file_size
-        buf = b""  # log bytes from buf_at: read a chunk at a time, not a record at a time
-        buf_at = 0
-        last: tuple[int, RecordInfo] | None = None
         try:
-            for at, status, info in log_.iter_records(start, end, end):
-                if status == OK:
-                    assert isinstance(info, RecordInfo)
-                    size = info.size
-                    if at + size > buf_at + len(buf):
-                        buf = log_.read_raw(at, max(_READ_BYTES, size))
-                        buf_at = at
-                    pos = at - buf_at
-                    # Most records are not stamped: one C-speed search rules them out.
-                    stamped = buf.find(_STAMP_NAME, pos, pos + size) >= 0 and self._scan_record(
-                        buf, pos, info
-                    )
-                    if not stamped and self.run is not None:
-                        self._continue_run(info)
-                    self.records_scanned += 1
-                    self.position = at + size
-                    last = (at, info)
-                elif status == END_OF_FILE:
-                    # The next file starts where this one ends (files need not start at
-                    # multiples of their size: a slave may restart its log at any offset).
-                    base = max(b for b in log_.file_base_offsets() if b <= at)
-                    self.position = base + fs
-                else:
-                    break  # a tail still arriving (or torn): scanned when it is whole
+            found = log_.scan_runs(start, end, _STAMP, RUN_MEMBER_SYSFLAG)
         except OffsetBelowMinError:
             self.position = -1  # retention raced the scan: start again
             self.run = None
             return 0
-        if last is not None:
-            at, info = last
-            self.mark = Mark(at, info.size, info.queue_offset, info.topic)
+        for item in found.items:
+            kind = item[0]
+            if kind == _HEAD:
+                self._head(*item[1:])
+            elif kind == _MEMBERS:
+                if self.run is not None:
+                    self._members(*item[1:])
+            elif self.run is not None:  # another record where the run's next was due
+                self._torn(item[1])
+        self.records_scanned += found.scanned
+        self.position = found.end
+        if found.last is not None:
+            self.mark = Mark(*found.last)
         return max(0, self.position - start)
 
     def _agrees(self) -> bool:
@@ -204,68 +176,65 @@ class LogScan:
             return True  # retention took it: what it said is in the table already
         return False
 
-    def _scan_record(self, buf: bytes, pos: int, info: RecordInfo) -> bool:
-        """Records a run's head; False when the record is not stamped (the name was in its
-        body, not a property)."""
-        props = properties_of(buf, pos, info.size, info.topic)
-        text = find_property(props, _STAMP) if props is not None else None
+    def _head(
+        self, phy: int, size: int, topic: str, queue_id: int, queue_offset: int, props: bytes
+    ) -> None:
+        """A stamped record: a run's head (the run open before it, if any, was torn)."""
+        self.run = None
+        text = find_property(props, _STAMP)
         if text is None:
-            return False
-        self.run = None  # a new run starts: the one open before it was torn
+            return
         try:
             stamp = decode_stamp(text.decode())
-            key = (info.topic, info.queue_id)
-            if info.topic.startswith("%SYS%") and props is not None:
+            key = (topic, queue_id)
+            if topic.startswith("%SYS%"):
                 real_topic = find_property(props, _REAL_TOPIC)
                 real_qid = find_property(props, _REAL_QID)
                 if real_topic is not None and real_qid is not None:
                     key = (real_topic.decode(), int(real_qid))
         except (StampFormatError, ValueError) as e:
-            log.error(  # noqa: TRY400 - the reason is the message
-                "record at %d: %s", info.phy_offset, e
-            )
-            return True
-        stored = (info.topic, info.queue_id)
+            log.error("record at %d: %s", phy, e)  # noqa: TRY400 - the reason is the message
+            return
+        stored = (topic, queue_id)
         pid, epoch, seq = stamp.producer_id, stamp.epoch, stamp.sequence
         # Only the records the log holds count: a torn run's missing tail was never stored.
-        self.table.record(pid, epoch, key, seq, 1, stored, info.queue_offset)
+        self.table.record(pid, epoch, key, seq, 1, stored, queue_offset)
         if stamp.run_length > 1:
             self.run = OpenRun(
-                pid, epoch, key, seq + 1, stored, info.queue_offset + 1, stamp.run_length - 1
+                pid, epoch, key, seq + 1, stored, queue_offset + 1, stamp.run_length - 1
             )
-        return True
 
-    def _continue_run(self, info: RecordInfo) -> None:
+    def _members(
+        self, topic: str, queue_id: int, first_queue_offset: int, count: int, phy: int, size: int
+    ) -> None:
+        """``count`` flagged records of one queue after the open run's last one seen: the run's
+        next ones, when they are its queue's next offsets (recorded in one go)."""
         run = self.run
         assert run is not None
-        if (
-            not info.sys_flag & RUN_MEMBER_SYSFLAG
-            or (info.topic, info.queue_id) != run.stored
-            or info.queue_offset != run.next_queue_offset
-        ):
-            log.warning(
-                "run of producer %#x ends %d records short at %d (a torn put)",
-                run.producer_id,
-                run.left,
-                info.phy_offset,
-            )
-            self.run = None
+        if (topic, queue_id) != run.stored or first_queue_offset != run.next_queue_offset:
+            self._torn(phy)
             return
+        n = min(count, run.left)
         self.table.record(
-            run.producer_id,
-            run.epoch,
-            run.key,
-            run.next_seq,
-            1,
-            run.stored,
-            info.queue_offset,
+            run.producer_id, run.epoch, run.key, run.next_seq, n, run.stored, first_queue_offset
         )
-        run.left -= 1
+        run.left -= n
         if run.left:
-            run.next_seq += 1
-            run.next_queue_offset += 1
+            run.next_seq += n
+            run.next_queue_offset += n
         else:
-            self.run = None
+            self.run = None  # flagged records past the run's end belong to no run
+
+    def _torn(self, phy: int) -> None:
+        run = self.run
+        assert run is not None
+        log.warning(
+            "run of producer %#x ends %d records short at %d (a torn put)",
+            run.producer_id,
+            run.left,
+            phy,
+        )
+        self.run = None
 
     async def catch_up_fully(self) -> None:
         scanned = self.catch_up(SCAN_CHUNK_BYTES)
