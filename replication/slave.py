@@ -164,6 +164,13 @@ class SlaveSession:
     def lag_bytes(self) -> int:
         return max(0, self.master_max_offset - (self.expected_offset or 0))
 
+    def catch_up_warming(self, catch_up_warm_bytes: int) -> int:
+        """How far ahead the store should warm now: ``catch_up_warm_bytes`` while this slave
+        is further than that behind its master (catching up), else 0."""
+        if catch_up_warm_bytes and self.lag_bytes() > catch_up_warm_bytes:
+            return catch_up_warm_bytes
+        return 0
+
 
 class ReconnectBackoff:
     """How long the slave waits before its next attempt to link: exponential in the attempts

@@ -108,6 +108,7 @@ class SlaveClient:
         self.epochs: EpochFile | None = None
         self.confirm_offset = 0
         self._call: Any = None
+        self._warming = store.config.warm_ahead_bytes  # how far ahead the store warms now
         self._relink = asyncio.Event()  # a new master: cut a reconnect backoff short
         self._reconnect = ReconnectBackoff(
             config.reconnect_min_ms / 1000, config.reconnect_max_ms / 1000
@@ -243,8 +244,10 @@ class SlaveClient:
                 log.info("replicating from %s at %d: %s", address, a.start_offset, a.reason)
                 self.session = session
                 self.links += 1
+                self._warm(session)
                 await self._receive(call, inbox, session)
             finally:
+                self._warm(None)  # no link, no catching up
                 self._call = None
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -318,6 +321,7 @@ class SlaveClient:
                 end = await asyncio.to_thread(store.append_raw, m.offset, data)
                 session.on_appended(end)
                 self._note_confirm(m.confirm_offset, end)
+                self._warm(session)
                 continue
             kind = m.WhichOneof("kind")
             if kind == "chunk":  # a chunk protobuf encoded in a way the frame parser leaves
@@ -330,9 +334,20 @@ class SlaveClient:
                 self._note_confirm(chunk.confirm_offset, end)
             elif kind == "heartbeat":
                 session.on_heartbeat(m.heartbeat.master_max_offset, monotonic_ms())
+                self._warm(session)
                 self._note_confirm(m.heartbeat.confirm_offset, store.log.max_offset)
             else:
                 raise ProtocolError(f"unexpected {kind} on an established link")
+
+    def _warm(self, session: SlaveSession | None) -> None:
+        """Warm the store ahead of its writes while the session is catching up (and as the
+        store's own setting says otherwise)."""
+        want = self.store.config.warm_ahead_bytes
+        if session is not None:
+            want = max(want, session.catch_up_warming(self.config.catch_up_warm_bytes))
+        if want != self._warming:
+            self.store.set_warm_ahead(want)
+            self._warming = want
 
     def _note_epoch(self, epoch: int, start_offset: int) -> None:
         epochs = self.epochs

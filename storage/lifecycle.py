@@ -140,8 +140,7 @@ class StoreLifecycle:
         self.flusher = flusher
         flusher.start()
         if cfg.warm_ahead_bytes:
-            self.warmer = PageWarmer(lambda: mfq.last_file, ahead_bytes=cfg.warm_ahead_bytes)
-            self.warmer.start()
+            self.set_warm_ahead(cfg.warm_ahead_bytes)
         self.threads = [
             threading.Thread(target=self._dispatch_loop, name="dispatch", daemon=True),
             threading.Thread(target=self._housekeeping_loop, name="housekeeping", daemon=True),
@@ -194,6 +193,17 @@ class StoreLifecycle:
             self.flusher.stop()
         if self.warmer is not None:
             self.warmer.stop()
+
+    def set_warm_ahead(self, ahead_bytes: int) -> None:
+        """Warm the CommitLog this far ahead of its writes from now on (0: not at all); the
+        warming thread starts the first time it is asked for."""
+        if self.warmer is None:
+            if not ahead_bytes:
+                return
+            mfq = self._parts.commitlog.mfq
+            self.warmer = PageWarmer(lambda: mfq.last_file, ahead_bytes=ahead_bytes)
+            self.warmer.start()
+        self.warmer.set_ahead(ahead_bytes)
 
     def durable(self, end: int) -> Future[PutStatus]:
         """The durable future of a put whose records end at ``end``: after the group commit's

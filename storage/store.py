@@ -256,6 +256,16 @@ class MessageStore:
             return 0
         return self.truncate_to(end, reason)
 
+    def set_warm_ahead(self, ahead_bytes: int) -> None:
+        """Warm the CommitLog ``ahead_bytes`` ahead of its writes from now on, 0 not at all
+        (``StoreConfig.warm_ahead_bytes`` is where a store starts). A replica catching up turns
+        it on while it is far behind: the warming thread then takes the first touch of each
+        new page off the appending thread, on a core the catch-up leaves idle."""
+        if ahead_bytes < 0:
+            raise ValueError("ahead_bytes must be >= 0")
+        if self._parts.open:
+            self._lifecycle.set_warm_ahead(ahead_bytes)
+
     # ================================================================= dispatch
     def dispatch_now(self) -> int:
         """Dispatch whatever is ready, in the caller's thread (tools, tests, benchmarks)."""

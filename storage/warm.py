@@ -71,6 +71,7 @@ class PageWarmer:
         self.chunk_bytes = chunk_bytes
         self._idle_s = idle_s
         self._stop = threading.Event()
+        self._resumed = threading.Event()  # set when ahead_bytes turns non-zero, or at stop
         self._thread = threading.Thread(target=self._run, name="commitlog-warm", daemon=True)
         # What is warm: (the file, the end of its warm range). Read by tests and stats.
         self.file: Warmable | None = None
@@ -82,10 +83,22 @@ class PageWarmer:
 
     def stop(self) -> None:
         self._stop.set()
+        self._resumed.set()
         self._thread.join()
+
+    def set_ahead(self, ahead_bytes: int) -> None:
+        """Warm this far ahead from now on; 0 pauses the thread (it waits, without polling,
+        until warming is asked for again)."""
+        self.ahead_bytes = ahead_bytes
+        if ahead_bytes:
+            self._resumed.set()
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self.ahead_bytes:
+                self._resumed.wait()
+                self._resumed.clear()
+                continue
             try:
                 if not self._step():
                     self._stop.wait(self._idle_s)

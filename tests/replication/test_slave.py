@@ -171,3 +171,15 @@ def test_a_new_series_of_attempts_starts_from_the_shortest_wait() -> None:
     assert [b.wait(n) for n in range(1, 5)] == [0.2, 0.4, 0.8, 1.6]
     # The link was healthy for a while, then ended: tenacity numbers from 1 again.
     assert [b.wait(n) for n in range(1, 3)] == [0.2, 0.4]
+
+
+def test_a_slave_warms_its_store_only_while_it_is_catching_up() -> None:
+    s = session()
+    s.on_accepted(0, False, "", 900, local_empty=True, local_max_offset=0, now_ms=1)
+    assert s.catch_up_warming(500) == 500  # 900 behind: catching up
+    assert s.catch_up_warming(0) == 0  # turned off
+    s.on_chunk(0, 450, 2)
+    s.on_appended(450)
+    assert s.catch_up_warming(500) == 0  # 450 behind: in step
+    s.on_heartbeat(2_000, 3)  # the master moved on by more than the threshold
+    assert s.catch_up_warming(500) == 500

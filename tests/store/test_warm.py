@@ -85,3 +85,24 @@ def test_warming_off_reads_nothing(tmp_path: Path) -> None:
         assert _cached_fraction(last.path, 8 * MiB, 24 * MiB) < 0.5
     finally:
         store.close()
+
+
+def test_warming_asked_for_at_run_time_starts_pauses_and_resumes(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "s", commitlog_file_size_bytes=64 * MiB, warm_ahead_bytes=0)
+    with MessageStore(cfg) as store:
+        store.put_messages([Message("t", b"x" * 1000)]).wait()
+        last = store.commitlog.mfq.last_file
+        assert last is not None
+        path = last.path
+        assert _cached_fraction(path, 32 * MiB, 40 * MiB) == 0.0  # nothing warms by default
+        store.set_warm_ahead(48 * MiB)
+        wait_until(
+            lambda: _cached_fraction(path, 32 * MiB, 40 * MiB) == 1.0, 10, "warming to start"
+        )
+        store.set_warm_ahead(0)
+        warmer = store._lifecycle.warmer
+        assert warmer is not None and warmer.ahead_bytes == 0
+        store.put_messages([Message("t", b"x" * 1000)]).wait()
+        assert _cached_fraction(path, 56 * MiB, 64 * MiB) == 0.0  # paused: no further
+        with pytest.raises(ValueError, match=">= 0"):
+            store.set_warm_ahead(-1)
