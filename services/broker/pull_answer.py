@@ -49,20 +49,8 @@ async def read_answer(store: MessageStore, want: PullRange) -> PullAnswer | None
     the first alone is larger (it still comes, alone)."""
     try:
         got = _slice(store, want, want.offset, want.max_bytes)
-    except OffsetBelowMinError as e:
-        return _bare(
-            broker_pb2.OFFSET_TOO_SMALL,
-            e.min_offset,
-            e.min_offset,
-            store.max_offset(want.topic, want.queue_id),
-        )
-    except OffsetBeyondMaxError as e:
-        return _bare(
-            broker_pb2.OFFSET_OVERFLOW,
-            e.max_offset,
-            store.min_offset(want.topic, want.queue_id),
-            e.max_offset,
-        )
+    except (OffsetBelowMinError, OffsetBeyondMaxError) as e:
+        return _out_of_range(store, want, e)
     if not got.messages and got.next_offset <= want.offset:
         return None
     # A selective tag filter scans at most this far in all, as one read would.
@@ -114,20 +102,8 @@ async def read_records_answer(store: MessageStore, want: PullRange) -> PullAnswe
             want.tags,
             max_commitlog_offset=want.max_commitlog_offset,
         )
-    except OffsetBelowMinError as e:
-        return _bare(
-            broker_pb2.OFFSET_TOO_SMALL,
-            e.min_offset,
-            e.min_offset,
-            store.max_offset(want.topic, want.queue_id),
-        )
-    except OffsetBeyondMaxError as e:
-        return _bare(
-            broker_pb2.OFFSET_OVERFLOW,
-            e.max_offset,
-            store.min_offset(want.topic, want.queue_id),
-            e.max_offset,
-        )
+    except (OffsetBelowMinError, OffsetBeyondMaxError) as e:
+        return _out_of_range(store, want, e)
     if not got.count and got.next_offset <= want.offset:
         return None
     status = broker_pb2.FOUND if got.count else broker_pb2.NO_MATCHED_MESSAGE
@@ -173,6 +149,17 @@ def _slice(
         want.tags,
         max_commitlog_offset=want.max_commitlog_offset,
     )
+
+
+def _out_of_range(
+    store: MessageStore, want: PullRange, e: OffsetBelowMinError | OffsetBeyondMaxError
+) -> PullAnswer:
+    """A pull from an offset the queue no longer (or not yet) holds: where to go on from."""
+    if isinstance(e, OffsetBelowMinError):
+        hi = store.max_offset(want.topic, want.queue_id)
+        return _bare(broker_pb2.OFFSET_TOO_SMALL, e.min_offset, e.min_offset, hi)
+    lo = store.min_offset(want.topic, want.queue_id)
+    return _bare(broker_pb2.OFFSET_OVERFLOW, e.max_offset, lo, e.max_offset)
 
 
 def _bare(status: int, next_offset: int, lo: int, hi: int) -> PullAnswer:

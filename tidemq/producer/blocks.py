@@ -1,4 +1,4 @@
-"""Record blocks: how plain messages travel (docs/sdk.md, "Record blocks").
+"""Record blocks: how plain messages travel (docs/sdk.md, "Record blocks on the wire").
 
 A plain message (no message group, no delayed delivery, not transactional) is encoded at once,
 in the caller's thread, into its topic's open ``Block`` (one call of the compiled

@@ -20,7 +20,6 @@ from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.handlers.send_blocks import BlockSends
 from tidemq.services.broker.idempotence.sends import IdempotentSends
 from tidemq.services.broker.metrics import BrokerMetrics
-from tidemq.services.broker.put_waits import answer_status, wait_answerable
 from tidemq.services.broker.receive.dead_letter import client_may_send
 from tidemq.services.broker.timer.scheduling import Scheduling
 from tidemq.services.broker.topics import TopicConfig
@@ -104,13 +103,7 @@ class SendHandler:
             timer.stored(delayed, put)
         work_done()  # what is left is waiting: the connection may run its next request
         # The lease is checked again at the answer, after the waits (``answer_status``).
-        if put is None:  # every message was a duplicate
-            flushed, replicated = await self.idempotence.wait_originals(
-                self.replication, self.role.role
-            )
-            status = answer_status(flushed, replicated, checks)
-        else:
-            status = await wait_answerable(put, self.replication, checks)
+        status = await self.idempotence.answer_status(put, self.replication, checks)
         wire = SEND_STATUS[status]
         if self.metrics is not None:
             self.metrics.sent(batch, broker_pb2.SendStatus.Name(wire), started)

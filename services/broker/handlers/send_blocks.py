@@ -1,7 +1,8 @@
-"""SendMessage by record blocks (docs/sdk.md, "Record blocks"): one topic's messages as CommitLog
-records the producer encoded, one block per queue; the store checks and fills them and writes
-the request as one put. The answer says where each block went (``BlockResult``), not where
-each message went: the producer derives each message's offsets and id from it.
+"""SendMessage by record blocks (docs/sdk.md, "Record blocks on the wire"): one topic's
+messages as CommitLog records the producer encoded, one block per queue; the store checks and
+fills them and writes the request as one put. The answer says where each block went
+(``BlockResult``), not where each message went: the producer derives each message's offsets and
+id from it.
 
 No per-message Python work here: a request of a thousand messages costs what a request of one
 does, plus the compiled codec's copy and CRC.
@@ -21,7 +22,7 @@ from tidemq.services.broker.convert import SEND_STATUS, peer_host
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.idempotence.sends import BlockPlan, IdempotentSends
 from tidemq.services.broker.metrics import BrokerMetrics
-from tidemq.services.broker.put_waits import MasterReplication, answer_status, wait_answerable
+from tidemq.services.broker.put_waits import MasterReplication
 from tidemq.services.broker.topics import TopicConfig
 from tidemq.services.errors import invalid
 from tidemq.storage import BlockPutResult, MessageStore, SentBlock
@@ -77,13 +78,7 @@ class BlockSends:
             put = self.store.put_blocks(stored)
             self.idempotence.after_put_blocks(plan, stored, put, start)
         work_done()  # what is left is waiting: the connection may run its next request
-        if put is None:  # every block was a duplicate
-            flushed, replicated = await self.idempotence.wait_originals(
-                self.replication, checks.role.role
-            )
-            status = answer_status(flushed, replicated, checks)
-        else:
-            status = await wait_answerable(put, self.replication, checks)
+        status = await self.idempotence.answer_status(put, self.replication, checks)
         wire = SEND_STATUS[status]
         if self.metrics is not None:
             stored_count = sum(b.record_count for b in stored)

@@ -15,7 +15,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -36,7 +36,13 @@ from tidemq.services.broker.idempotence.table import (
     ProducerFencedError,
     SequenceGapError,
 )
-from tidemq.services.broker.put_waits import SyncReplication
+from tidemq.services.broker.put_waits import (
+    MasterReplication,
+    StoredPut,
+    SyncReplication,
+    answer_status,
+    wait_answerable,
+)
 from tidemq.services.errors import ServiceError, invalid
 from tidemq.storage import (
     BlockPutResult,
@@ -48,6 +54,9 @@ from tidemq.storage import (
     SentBlock,
 )
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
+
+if TYPE_CHECKING:
+    from tidemq.services.broker.handlers.checks import BrokerChecks
 
 _DISPATCH_WAIT_S = 10.0
 # How long a request whose sequence is ahead of the table waits for the earlier request of its
@@ -336,6 +345,17 @@ class IdempotentSends:
             for k, i in enumerate(plan.order):
                 in_request_order[i] = results[k]
             put.results = in_request_order
+
+    async def answer_status(
+        self, put: StoredPut | None, replication: MasterReplication | None, checks: BrokerChecks
+    ) -> PutStatus:
+        """What a send's answer carries once its put is as durable as the answer promises
+        (``put_waits.wait_answerable``), or, for a send whose every message was a duplicate
+        (no put), once their first stores are."""
+        if put is not None:
+            return await wait_answerable(put, replication, checks)
+        flushed, replicated = await self.wait_originals(replication, checks.role.role)
+        return answer_status(flushed, replicated, checks)
 
     async def wait_originals(
         self, replication: SyncReplication | None, role: BrokerRole
