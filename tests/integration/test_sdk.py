@@ -129,7 +129,8 @@ def test_send_async_batches_many_small_sends_into_few_requests(cluster: Cluster)
         by_queue[r.queue_id].append(r.queue_offset)
     for offsets in by_queue.values():
         assert sorted(offsets) == list(range(len(offsets)))
-    assert len(by_queue) == 8  # round robin reached every queue
+    # Round robin by block: each request (one block) went to the next queue.
+    assert len(by_queue) == min(8, stats.requests)
 
 
 def test_sharding_key_keeps_a_keys_messages_in_one_queue_in_order(cluster: Cluster) -> None:
