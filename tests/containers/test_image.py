@@ -31,6 +31,22 @@ def test_image_runs_unprivileged_and_its_healthcheck_follows_the_server(
         assert b"SERVING" in result.output
 
 
+def test_the_image_runs_the_compiled_record_codecs_and_glibcs_heap_for_large_buffers(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(slaves=0, nameservers=1)
+    container = cluster.master().container.get_wrapped_container()
+    probe = (
+        "from tidemq.storage.record import block; from tidemq.protos import record_blocks; "
+        "print(block.IMPLEMENTATION, record_blocks.IMPLEMENTATION)"
+    )
+    result = container.exec_run(["python", "-c", probe])
+    assert result.exit_code == 0, result.output.decode()
+    assert result.output.decode().split() == ["c", "c"]  # built in the image, not the twins
+    env = container.attrs["Config"]["Env"]
+    assert "MALLOC_MMAP_THRESHOLD_=8388608" in env
+
+
 def test_sigterm_stops_a_broker_cleanly_and_its_store_survives_a_restart(
     make_cluster: MakeCluster,
 ) -> None:
