@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         TransactionChecker,
         TransactionResolution,
     )
+    from tidemq.protos.tls import TlsSettings
     from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
     from tidemq.routes import MessageQueue
     from tidemq.types import ConsumeResult, Message, ReceivedMessage, SendResult, SendStatus
@@ -89,6 +90,7 @@ __all__ = [
     "SimpleConsumer",
     "SimpleConsumerConfig",
     "TidemqError",
+    "TlsSettings",
     "Transaction",
     "TransactionChecker",
     "TransactionResolution",
@@ -125,6 +127,7 @@ _HOMES = {
     "PullStatus": "tidemq.reader",
     "QueueReader": "tidemq.reader",
     "MessageQueue": "tidemq.routes",
+    "TlsSettings": "tidemq.protos.tls",
     "ConsumeResult": "tidemq.types",
     "Message": "tidemq.types",
     "ReceivedMessage": "tidemq.types",

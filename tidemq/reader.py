@@ -25,6 +25,7 @@ import grpc
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.errors import DataLossError, TidemqError, from_rpc_error
 from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.protos.tls import TlsSettings
 from tidemq.routes import MessageQueue, NameServerClient, RouteCache
 from tidemq.types import ReceivedMessage
 
@@ -64,6 +65,9 @@ class ReaderConfig:
     # read_range keeps retrying a broker that does not answer (or a slave behind the range)
     # this long before it gives up with the last error.
     retry_timeout_ms: int = 60_000
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
 
     def __post_init__(self) -> None:
         if self.route_refresh_ms <= 0 or self.retry_timeout_ms <= 0:
@@ -73,7 +77,7 @@ class ReaderConfig:
 class AsyncQueueReader:
     def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
         self.config = ReaderConfig(**settings)
-        self._channels = Channels()
+        self._channels = Channels(self.config.tls)
         self._nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
         self.routes = RouteCache(self._nameserver, self.config.route_refresh_ms / 1000)
 

@@ -9,6 +9,7 @@ import logging
 import sys
 from typing import Any
 
+from tidemq.services import tls_flags
 from tidemq.services.broker import config as broker_config
 from tidemq.services.broker import repair
 from tidemq.services.broker.server import serve
@@ -269,6 +270,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="idempotent producers whose sequences are remembered, LRU (100000)",
     )
+    tls_flags.add_arguments(p)
     p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
@@ -325,6 +327,10 @@ def run(args: argparse.Namespace) -> int:
         "max_delay_ms",
         "timer_tick_ms",
         "idempotence_max_producers",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_ca_file",
+        "tls_client_auth",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemq.protos.tls import ServerTls, TlsConfigError, TlsSettings
 from tidemq.replication import ReplicationConfig
 from tidemq.services.nameserver import zk_format
 from tidemq.storage import state_file
@@ -124,6 +125,14 @@ class BrokerConfig:
     # Idempotent sends (docs/production.md): producers whose sequences the broker remembers,
     # least recently used first out; a forgotten producer must start a new epoch (SEQUENCE_GAP).
     idempotence_max_producers: int = 100_000
+    # TLS (docs/security.md): set, every listener (Broker service, replication, the RocketMQ 5
+    # protocol) serves TLS only, and the broker calls nameservers and its master over TLS with
+    # the same certificate, trusting tls_ca_file. tls_client_auth "require" accepts only clients
+    # with a certificate tls_ca_file signed.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = ""
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -196,8 +205,24 @@ class BrokerConfig:
                 f"{self.transaction_exhausted_resolution!r}"
             )
         problems += self._zk_problems()
+        try:
+            self.tls  # noqa: B018 (checks the files now, not at the first connection)
+        except TlsConfigError as e:
+            problems.append(str(e))
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
+
+    @property
+    def tls(self) -> ServerTls | None:
+        return ServerTls.from_settings(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_auth
+        )
+
+    @property
+    def client_tls(self) -> TlsSettings | None:
+        """How the broker calls nameservers and its master: with its own certificate."""
+        tls = self.tls
+        return None if tls is None else tls.as_client()
 
     @property
     def automatic(self) -> bool:

@@ -18,8 +18,10 @@ from tidemq.protos import (
     broker_pb2_grpc,
     replication_pb2_grpc,
 )
+from tidemq.protos.tls import add_port
 from tidemq.replication.epochs import EpochFile
 from tidemq.replication.slave_link import SlaveClient
+from tidemq.services import tls_flags
 from tidemq.services.broker.admission_grpc import admission_interceptor
 from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
@@ -100,6 +102,7 @@ class Broker:
                 config.config_sync_interval_ms,
                 config.config_full_sync_interval_ms,
                 on_topics_changed=self.rounds.request,
+                tls=config.client_tls,
             )
         if config.role is not BrokerRole.SLAVE:
             self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
@@ -141,7 +144,11 @@ class Broker:
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
-                self.store, identity(cfg), cfg.replication, address=cfg.advertised
+                self.store,
+                identity(cfg),
+                cfg.replication,
+                address=cfg.advertised,
+                tls=cfg.client_tls,
             )
         if cfg.role is not BrokerRole.SLAVE:
             self.replication = TypedReplicationServicer(self.store, identity(cfg), cfg.replication)
@@ -228,7 +235,8 @@ class Broker:
                 self.replication,
                 self.server,
             )
-        self.bound_port = self.server.add_insecure_port(self.config.listen)
+        tls_flags.warn_if_exposed("the broker", self.config.listen, cfg.tls)
+        self.bound_port = add_port(self.server, self.config.listen, cfg.tls)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.listen}")
         if cfg.rocketmq_listen:

@@ -7,6 +7,8 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from tidemq.protos.tls import TlsSettings
+
 
 @dataclass(frozen=True)
 class ConsumerConfig:
@@ -28,6 +30,9 @@ class ConsumerConfig:
     # A broker group's master that failed a call is left alone this long: pulls, commits and
     # offset queries go to its slaves meanwhile, then the master is tried again.
     master_retry_ms: int = 10_000
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
 
     def __post_init__(self) -> None:
         problems = []

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tidemq.errors import InvalidArgumentError
+from tidemq.protos.tls import TlsSettings
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class SimpleConsumerConfig:
     # Acks, nacks and changes retry retriable errors (a failover, a busy broker) this long.
     request_timeout_ms: int = 10_000
     client_id: str = ""  # default: host@pid@random
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)
@@ -56,6 +60,9 @@ class PushConsumerConfig:
     # messages are then delivered again after their invisibility).
     shutdown_timeout_ms: int = 30_000
     client_id: str = ""
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)

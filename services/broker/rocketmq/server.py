@@ -10,6 +10,8 @@ import grpc
 
 from tidemq.protos import nameserver_pb2
 from tidemq.protos.rocketmq import service_pb2_grpc
+from tidemq.protos.tls import add_port
+from tidemq.services import tls_flags
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.groups import GroupSettings, SubscriptionGroupManager
 from tidemq.services.broker.rocketmq.clients import V2Clients
@@ -72,7 +74,7 @@ class RocketMQListener:
             if config.zk_hosts and not config.nameservers
             else None
         )
-        self.routes = RouteSource(config.nameservers, own_route, zookeeper)
+        self.routes = RouteSource(config.nameservers, own_route, zookeeper, config.client_tls)
 
         def group_settings(group: str) -> GroupSettings | None:
             found = groups.get(group)
@@ -99,7 +101,9 @@ class RocketMQListener:
         self.bound_port = 0
 
     async def start(self) -> None:
-        self.bound_port = self.server.add_insecure_port(self.config.rocketmq_listen)
+        tls = self.config.tls
+        tls_flags.warn_if_exposed("the RocketMQ 5 listener", self.config.rocketmq_listen, tls)
+        self.bound_port = add_port(self.server, self.config.rocketmq_listen, tls)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.rocketmq_listen}")
         await self.routes.start()
