@@ -29,6 +29,8 @@ from typing import Any
 
 import grpc
 
+from tidemq.protos.signing import Credentials, SigningInterceptor, SyncSigningInterceptor
+
 log = logging.getLogger(__name__)
 
 # gRPC's Python server offers two of OpenSSL's client certificate modes: not asking for one, or
@@ -254,25 +256,41 @@ def resolve(tls: TlsSettings | bool | None) -> TlsSettings | None:
 
 
 def aio_channel(
-    address: str, tls: TlsSettings | None, options: Sequence[tuple[str, Any]] = ()
+    address: str,
+    tls: TlsSettings | None,
+    options: Sequence[tuple[str, Any]] = (),
+    credentials: Credentials | None = None,
 ) -> grpc.aio.Channel:
-    """An asyncio channel to ``address``: over TLS with ``tls``, plaintext without."""
+    """An asyncio channel to ``address``: over TLS with ``tls``, plaintext without; every call
+    signed with ``credentials`` when given (``signing``)."""
+    interceptors = [SigningInterceptor(credentials)] if credentials is not None else None
     if tls is None:
-        return grpc.aio.insecure_channel(address, options=list(options))
+        return grpc.aio.insecure_channel(address, options=list(options), interceptors=interceptors)
     return grpc.aio.secure_channel(
-        address, tls.credentials(), options=[*options, *tls.channel_options()]
+        address,
+        tls.credentials(),
+        options=[*options, *tls.channel_options()],
+        interceptors=interceptors,
     )
 
 
 def sync_channel(
-    address: str, tls: TlsSettings | None, options: Sequence[tuple[str, Any]] = ()
+    address: str,
+    tls: TlsSettings | None,
+    options: Sequence[tuple[str, Any]] = (),
+    credentials: Credentials | None = None,
 ) -> grpc.Channel:
-    """A blocking channel to ``address``: over TLS with ``tls``, plaintext without."""
+    """A blocking channel to ``address``: over TLS with ``tls``, plaintext without; every call
+    signed with ``credentials`` when given."""
     if tls is None:
-        return grpc.insecure_channel(address, options=list(options))
-    return grpc.secure_channel(
-        address, tls.credentials(), options=[*options, *tls.channel_options()]
-    )
+        channel = grpc.insecure_channel(address, options=list(options))
+    else:
+        channel = grpc.secure_channel(
+            address, tls.credentials(), options=[*options, *tls.channel_options()]
+        )
+    if credentials is None:
+        return channel
+    return grpc.intercept_channel(channel, SyncSigningInterceptor(credentials))
 
 
 def add_port(server: grpc.aio.Server, address: str, tls: ServerTls | None) -> int:

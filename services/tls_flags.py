@@ -52,12 +52,23 @@ def is_loopback(listen: str) -> bool:
         return False  # a host name, or 0.0.0.0 / [::]: reachable from elsewhere
 
 
-def warn_if_exposed(what: str, listen: str, tls: ServerTls | None) -> None:
-    """A loud warning for a plaintext listener that other machines can reach."""
-    if tls is None and listen and not is_loopback(listen):
+def warn_if_exposed(what: str, listen: str, tls: ServerTls | None, acl_file: str) -> None:
+    """A loud warning for a listener other machines can reach in plaintext, or that lets
+    anyone who reaches it do anything."""
+    if not listen or is_loopback(listen):
+        return
+    if tls is None:
         log.warning(
-            "SECURITY: %s listens on %s in plaintext: anyone who can reach it can read and "
-            "change what it serves. Give it --tls-cert-file/--tls-key-file (docs/security.md).",
+            "SECURITY: %s listens on %s in plaintext: anyone on the network can read and change "
+            "what it serves. Give it --tls-cert-file/--tls-key-file (docs/security.md).",
+            what,
+            listen,
+        )
+    if not acl_file and not (tls is not None and tls.client_auth == "require"):
+        log.warning(
+            "SECURITY: %s listens on %s without an ACL file: anyone who can reach it may do "
+            "anything (delete topics, read every message). Give it --acl-file "
+            "(docs/security.md).",
             what,
             listen,
         )

@@ -43,7 +43,7 @@ class TestCA:
         stem: str | None = None,
     ) -> Issued:
         """A certificate for ``common_name`` with these SANs, written as ``<stem>.crt/.key``."""
-        stem = stem or common_name
+        stem = stem or common_name.replace(":", "_")
         key = self.directory / f"{stem}.key"
         csr = self.directory / f"{stem}.csr"
         crt = self.directory / f"{stem}.crt"

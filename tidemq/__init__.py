@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         TransactionChecker,
         TransactionResolution,
     )
+    from tidemq.protos.signing import Credentials
     from tidemq.protos.tls import TlsSettings
     from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
     from tidemq.routes import MessageQueue
@@ -74,6 +75,7 @@ __all__ = [
     "ConsumeResult",
     "Consumer",
     "ConsumerConfig",
+    "Credentials",
     "Message",
     "MessageQueue",
     "Producer",
@@ -128,6 +130,7 @@ _HOMES = {
     "QueueReader": "tidemq.reader",
     "MessageQueue": "tidemq.routes",
     "TlsSettings": "tidemq.protos.tls",
+    "Credentials": "tidemq.protos.signing",
     "ConsumeResult": "tidemq.types",
     "Message": "tidemq.types",
     "ReceivedMessage": "tidemq.types",

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tidemq.services import tls_flags
+from tidemq.services.auth import flags as auth_flags
 from tidemq.services.broker import config as broker_config
 from tidemq.services.broker import repair
 from tidemq.services.broker.server import serve
@@ -271,6 +272,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="idempotent producers whose sequences are remembered, LRU (100000)",
     )
     tls_flags.add_arguments(p)
+    auth_flags.add_arguments(p)
+    p.add_argument(
+        "--access-key",
+        metavar="KEY",
+        help="the account this broker signs its calls to nameservers and its master with, where "
+        "the cluster has an ACL but no mutual TLS (its secret key: secret_key in --config, or "
+        "$TIDEMQ_SECRET_KEY)",
+    )
     p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
@@ -331,6 +340,9 @@ def run(args: argparse.Namespace) -> int:
         "tls_key_file",
         "tls_ca_file",
         "tls_client_auth",
+        "acl_file",
+        "auth_max_clock_skew_ms",
+        "access_key",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemq.protos.signing import ENV_SECRET_KEY, Credentials
 from tidemq.protos.tls import ServerTls, TlsConfigError, TlsSettings
 from tidemq.replication import ReplicationConfig
+from tidemq.services.auth import acl
 from tidemq.services.nameserver import zk_format
 from tidemq.storage import state_file
 from tidemq.storage.config import FlushMode
@@ -133,6 +136,15 @@ class BrokerConfig:
     tls_key_file: str = ""
     tls_ca_file: str = ""
     tls_client_auth: str = ""
+    # Authentication and permissions (docs/security.md): an ACL file in RocketMQ's
+    # plain_acl.yml format, re-read when it changes; a signed request's date must be within
+    # auth_max_clock_skew_ms of the broker's clock. access_key/secret_key: the account the
+    # broker signs its own calls with (to nameservers and its master) where the cluster has an
+    # ACL but no mutual TLS; TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY when left empty.
+    acl_file: str = ""
+    auth_max_clock_skew_ms: int = 900_000
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -209,6 +221,17 @@ class BrokerConfig:
             self.tls  # noqa: B018 (checks the files now, not at the first connection)
         except TlsConfigError as e:
             problems.append(str(e))
+        if self.acl_file:
+            try:
+                acl.load(self.acl_file)
+            except acl.AclFileError as e:
+                problems.append(str(e))
+        if self.auth_max_clock_skew_ms <= 0:
+            problems.append("auth_max_clock_skew_ms must be > 0")
+        if self.secret_key and not self.access_key:
+            problems.append("secret_key needs access_key")
+        if self.access_key and not (self.secret_key or os.environ.get(ENV_SECRET_KEY)):
+            problems.append(f"access_key needs secret_key (or ${ENV_SECRET_KEY})")
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
 
@@ -217,6 +240,18 @@ class BrokerConfig:
         return ServerTls.from_settings(
             self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_auth
         )
+
+    @property
+    def mutual_tls(self) -> bool:
+        tls = self.tls
+        return tls is not None and tls.client_auth == "require"
+
+    @property
+    def client_credentials(self) -> Credentials | None:
+        """What the broker signs its own calls with (None: it does not sign them)."""
+        if self.access_key:
+            return Credentials(self.access_key, self.secret_key or os.environ[ENV_SECRET_KEY])
+        return Credentials.from_env()
 
     @property
     def client_tls(self) -> TlsSettings | None:

@@ -69,7 +69,9 @@ class NameserverRegistration:
 
     async def _register(self, nameserver: str, request: object) -> None:
         try:
-            async with aio_channel(nameserver, self.config.client_tls) as channel:
+            async with aio_channel(
+                nameserver, self.config.client_tls, credentials=self.config.client_credentials
+            ) as channel:
                 stub = nameserver_pb2_grpc.NameServerStub(channel)
                 response = await stub.RegisterBroker(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
@@ -86,7 +88,9 @@ class NameserverRegistration:
         )
         for ns in self.config.nameservers:
             try:
-                async with aio_channel(ns, self.config.client_tls) as channel:
+                async with aio_channel(
+                    ns, self.config.client_tls, credentials=self.config.client_credentials
+                ) as channel:
                     await nameserver_pb2_grpc.NameServerStub(channel).UnregisterBroker(
                         request, timeout=REGISTER_TIMEOUT_S
                     )

@@ -23,6 +23,7 @@ from tests.integration.replicas import create_topic, max_offset
 from tests.tls_certs import Issued, TestCA
 from tests.waiting import wait_until
 from tests.workers import Worker
+from tidemq.protos import common_pb2, nameserver_pb2, nameserver_pb2_grpc, replication_pb2
 from tidemq.protos.tls import TlsSettings, sync_channel
 
 
@@ -36,6 +37,10 @@ def server_flags(cert: Issued, ca: TestCA, client_auth: str = "none") -> tuple[s
         "--tls-cert-file", cert.cert_file, "--tls-key-file", cert.key_file,
         "--tls-ca-file", ca.ca_file, "--tls-client-auth", client_auth,
     )  # fmt: skip
+
+
+def group_flags(nameserver: str) -> tuple[str, ...]:
+    return ("--nameserver", nameserver, "--broker-name", "group-a", "--register-interval-ms", "500")
 
 
 def refused(address: str, tls: TlsSettings | None) -> str:
@@ -108,21 +113,17 @@ def test_mutual_tls_admits_only_certificates_the_ca_signed_and_replicates_over_i
     app = ca.issue("app")
     client = TlsSettings(ca.ca_file, app.cert_file, app.key_file)
     ns = start_nameserver(*server_flags(ca.issue("nameserver"), ca, "require"), tls=client)
-    group = (
-        "--nameserver",
-        ns.address,
-        "--broker-name",
-        "group-a",
-        "--register-interval-ms",
-        "500",
-    )
+    group = group_flags(ns.address)
     master = start_broker(
-        *group, *server_flags(ca.issue("group-a-0"), ca, "require"), store="master", tls=client
+        *group,
+        *server_flags(ca.issue("broker:group-a:0"), ca, "require"),
+        store="master",
+        tls=client,
     )
     create_topic(master)
     slave = start_broker(
         *group, "--role", "SLAVE", "--broker-id", "1", "--config-sync-interval-ms", "300",
-        *server_flags(ca.issue("group-a-1"), ca, "require"), store="slave", tls=client,
+        *server_flags(ca.issue("broker:group-a:1"), ca, "require"), store="slave", tls=client,
     )  # fmt: skip
 
     stranger = TestCA(tmp_path / "stranger", name="someone else's CA")
@@ -178,24 +179,17 @@ def test_rotated_certificate_serves_new_connections_while_sends_and_replication_
 ) -> None:
     client = TlsSettings(ca_file=ca.ca_file)
     ns = start_nameserver(*server_flags(ca.issue("nameserver"), ca), tls=client)
-    first = ca.issue("group-a-0", stem="master-v1")
+    first = ca.issue("broker:group-a:0", stem="master-v1")
     live = tmp_path / "live"
     live.mkdir()
     _rotate(first, live)
     served = Issued(str(live / "tls.crt"), str(live / "tls.key"))
-    group = (
-        "--nameserver",
-        ns.address,
-        "--broker-name",
-        "group-a",
-        "--register-interval-ms",
-        "500",
-    )
+    group = group_flags(ns.address)
     master = start_broker(*group, *server_flags(served, ca), store="master", tls=client)
     create_topic(master)
     slave = start_broker(
         *group, "--role", "SLAVE", "--broker-id", "1", "--config-sync-interval-ms", "300",
-        *server_flags(ca.issue("group-a-1"), ca), store="slave", tls=client,
+        *server_flags(ca.issue("broker:group-a:1"), ca), store="slave", tls=client,
     )  # fmt: skip
     assert _served_certificate(master.address) == _der(first)
 
@@ -213,7 +207,7 @@ def test_rotated_certificate_serves_new_connections_while_sends_and_replication_
     try:
         wait_until(lambda: loader.check() and len(results) >= 1000, 60, "sends before rotation")
         wait_until(lambda: max_offset(slave) > 0, 30, "the slave to replicate")
-        second = ca.issue("group-a-0", stem="master-v2")
+        second = ca.issue("broker:group-a:0", stem="master-v2")
         _rotate(second, live)
         wait_until(
             lambda: _served_certificate(master.address) == _der(second),
@@ -254,3 +248,91 @@ def test_a_broker_with_unusable_tls_files_refuses_to_start_and_says_why(
     )  # fmt: skip
     assert missing.returncode == 2
     assert "absent.crt" in missing.stderr
+
+
+def _replicate_as(address: str, tls: TlsSettings, name: str, broker_id: int) -> str:
+    """Open a replication stream claiming to be ``name``/``broker_id``: the status it ends
+    with ("" if the master accepted the handshake)."""
+    hello = replication_pb2.SlaveMessage(
+        handshake=replication_pb2.Handshake(
+            cluster="DefaultCluster", broker_name=name, broker_id=broker_id,
+            commitlog_file_size=1 << 20, empty=True, address="127.0.0.1:1",
+        )
+    )  # fmt: skip
+    with sync_channel(address, tls) as channel:
+        stream = channel.stream_stream(
+            "/tidemq.v1.Replication/Stream",
+            request_serializer=replication_pb2.SlaveMessage.SerializeToString,
+            response_deserializer=replication_pb2.MasterMessage.FromString,
+        )
+        call = stream(iter([hello]), timeout=5)
+        try:
+            first = next(call)
+        except grpc.RpcError as e:
+            return str(e.code().name)
+        call.cancel()
+        assert first.WhichOneof("kind") == "accepted", first
+        return ""
+
+
+def test_impersonating_brokers_are_refused_and_the_real_slave_keeps_its_link(
+    ca: TestCA, start_nameserver: StartNameServer, start_broker: StartBroker
+) -> None:
+    app = ca.issue("app")
+    client = TlsSettings(ca.ca_file, app.cert_file, app.key_file)
+    ns = start_nameserver(*server_flags(ca.issue("nameserver"), ca, "require"), tls=client)
+    group = group_flags(ns.address)
+    master = start_broker(
+        *group, "--role", "SYNC_MASTER",
+        *server_flags(ca.issue("broker:group-a:0"), ca, "require"), store="master", tls=client,
+    )  # fmt: skip
+    create_topic(master)
+    slave = start_broker(
+        *group, "--role", "SLAVE", "--broker-id", "1", "--config-sync-interval-ms", "300",
+        *server_flags(ca.issue("broker:group-a:1"), ca, "require"), store="slave", tls=client,
+    )  # fmt: skip
+    wait_until(lambda: max_offset(slave) == max_offset(master), 30, "the slave to connect")
+
+    def holding(cn: str) -> TlsSettings:
+        cert = ca.issue(cn)
+        return TlsSettings(ca.ca_file, cert.cert_file, cert.key_file)
+
+    # A valid certificate of another member, of another group, and of a client: none may
+    # replicate as the real slave (or evict it).
+    assert _replicate_as(master.address, holding("broker:group-a:2"), "group-a", 1) == (
+        "PERMISSION_DENIED"
+    )
+    assert _replicate_as(master.address, holding("broker:group-b:1"), "group-a", 1) == (
+        "PERMISSION_DENIED"
+    )
+    assert _replicate_as(master.address, client, "group-a", 1) == "PERMISSION_DENIED"
+    assert _replicate_as(master.address, TlsSettings(ca.ca_file), "group-a", 1) == "UNAVAILABLE"
+    # Nor register in its place.
+    register = nameserver_pb2.RegisterBrokerRequest(
+        broker=common_pb2.BrokerInfo(
+            identity=common_pb2.BrokerIdentity(
+                cluster="DefaultCluster", broker_name="group-a", broker_id=1
+            ),
+            address="127.0.0.1:1",
+            ha_address="127.0.0.1:1",
+        )
+    )
+    for stranger in (holding("broker:group-a:3"), client):
+        with sync_channel(ns.address, stranger) as channel, pytest.raises(grpc.RpcError) as e:
+            nameserver_pb2_grpc.NameServerStub(channel).RegisterBroker(register, timeout=5)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert any(
+            why in (e.value.details() or "")
+            for why in ("may not act as broker:group-a:1", "presented no broker certificate")
+        ), e.value.details()
+
+    # The real slave still holds its link and acknowledges SYNC_MASTER sends.
+    with tidemq.Producer(ns.address, tls=client) as producer:
+        assert all(producer.send("orders", f"m{i}".encode()).ok for i in range(20))
+    end = max_offset(master)
+    wait_until(lambda: max_offset(slave) == end, 30, "the slave to hold every message")
+    assert slave.log().count("replicating from") == 1, slave.log()
+    route = ns.stub().QueryRoute(nameserver_pb2.QueryRouteRequest(topic="orders"), timeout=5)
+    [group_a] = route.brokers
+    assert dict(group_a.addresses) == {0: master.address, 1: slave.address}
+    assert master.log().count("refused /tidemq.v1.Replication/Stream") == 3

@@ -135,21 +135,26 @@ def test_client_settings_from_the_environment_and_the_tls_argument(
         resolve("yes")  # type: ignore[arg-type]
 
 
-def test_plaintext_beyond_loopback_is_warned_about_and_loopback_is_not(
+def test_exposed_listeners_are_warned_about_and_loopback_ones_are_not(
     caplog: pytest.LogCaptureFixture, ca: TestCA, first: Issued
 ) -> None:
+    served = ServerTls(first.cert_file, first.key_file)
     with caplog.at_level(logging.WARNING):
-        tls_flags.warn_if_exposed("the broker", "127.0.0.1:10911", None)
-        tls_flags.warn_if_exposed("the broker", "localhost:10911", None)
-        tls_flags.warn_if_exposed("the broker", "[::1]:10911", None)
-        tls_flags.warn_if_exposed(
-            "the broker", "0.0.0.0:10911", ServerTls(first.cert_file, first.key_file)
-        )
+        for loopback in ("127.0.0.1:10911", "localhost:10911", "[::1]:10911"):
+            tls_flags.warn_if_exposed("the broker", loopback, None, "")
+        tls_flags.warn_if_exposed("the broker", "0.0.0.0:10911", served, "acl.yml")
     assert not caplog.records
-    with caplog.at_level(logging.WARNING):
-        tls_flags.warn_if_exposed("the nameserver", "0.0.0.0:9876", None)
-        tls_flags.warn_if_exposed("the broker", "broker-0.tidemq:10911", None)
-    assert [r.getMessage().split(" listens on ")[1].split(" ")[0] for r in caplog.records] == [
-        "0.0.0.0:9876",
-        "broker-0.tidemq:10911",
-    ]
+
+    def warnings(listen: str, tls: ServerTls | None, acl_file: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            tls_flags.warn_if_exposed("the broker", listen, tls, acl_file)
+        return [r.getMessage().split(" listens on ")[1] for r in caplog.records]
+
+    plaintext, open_to_all = warnings("0.0.0.0:9876", None, "")
+    assert plaintext.startswith("0.0.0.0:9876 in plaintext")
+    assert open_to_all.startswith("0.0.0.0:9876 without an ACL file")
+    [only] = warnings("broker-0.tidemq:10911", None, "acl.yml")
+    assert only.startswith("broker-0.tidemq:10911 in plaintext")
+    [only] = warnings("10.0.0.5:10911", served, "")
+    assert only.startswith("10.0.0.5:10911 without an ACL file")

@@ -31,6 +31,7 @@ from tidemq.errors import (
     from_rpc_error,
 )
 from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
+from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings
 from tidemq.routes import AUTO_CREATE_TOPIC, NameServerClient, TopicRoute
 
@@ -66,9 +67,11 @@ class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters, AsyncDelayed, AsyncTrans
         nameserver: str | Sequence[str] | None = None,
         *,
         tls: TlsSettings | bool | None = None,
+        credentials: Credentials | bool | None = None,
     ) -> None:
-        """``tls`` as the clients' setting of that name (docs/security.md)."""
-        self._channels = Channels(tls)
+        """``tls`` and ``credentials`` as the clients' settings of those names
+        (docs/security.md)."""
+        self._channels = Channels(tls, credentials)
         self.nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
 
     async def close(self) -> None:
@@ -343,9 +346,10 @@ class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions):
         nameserver: str | Sequence[str] | None = None,
         *,
         tls: TlsSettings | bool | None = None,
+        credentials: Credentials | bool | None = None,
     ) -> None:
         self._runner = LoopThread("tidemq-admin")
-        self._core: AsyncAdmin = AsyncAdmin(nameserver, tls=tls)
+        self._core: AsyncAdmin = AsyncAdmin(nameserver, tls=tls, credentials=credentials)
 
     def __enter__(self) -> Admin:
         return self

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tidemq._runtime import DEFAULT_NAMESERVER, NAMESERVER_ENV
-from tidemq.protos import tls
+from tidemq.protos import signing, tls
 
 # flag dest -> the variable every client of the process reads when its tls= is left as None.
 _TLS_FLAGS = {
@@ -16,6 +16,8 @@ _TLS_FLAGS = {
     "client_tls_cert_file": tls.ENV_CERT_FILE,
     "client_tls_key_file": tls.ENV_KEY_FILE,
     "client_tls_server_name": tls.ENV_SERVER_NAME,
+    "client_access_key": signing.ENV_ACCESS_KEY,
+    "client_secret_key": signing.ENV_SECRET_KEY,
 }
 
 
@@ -26,6 +28,25 @@ def add_nameserver(p: argparse.ArgumentParser) -> None:
         help=f"nameserver address(es) (default ${NAMESERVER_ENV} or {DEFAULT_NAMESERVER})",
     )
     add_tls(p)
+    add_credentials(p)
+
+
+def add_credentials(p: argparse.ArgumentParser) -> None:
+    """A client command's credentials; each defaults to its TIDEMQ_* variable."""
+    g = p.add_argument_group("credentials (docs/security.md)")
+    g.add_argument(
+        "--access-key",
+        dest="client_access_key",
+        metavar="KEY",
+        help=f"sign requests as this account (${signing.ENV_ACCESS_KEY})",
+    )
+    g.add_argument(
+        "--secret-key",
+        dest="client_secret_key",
+        metavar="SECRET",
+        help=f"the account's secret key (${signing.ENV_SECRET_KEY}; the variable keeps it out "
+        "of the process list)",
+    )
 
 
 def add_tls(p: argparse.ArgumentParser) -> None:
@@ -66,7 +87,8 @@ def add_tls(p: argparse.ArgumentParser) -> None:
 
 
 def export_tls(args: argparse.Namespace) -> None:
-    """Hand the TLS flags to every client this command makes, as the variables they read."""
+    """Hand the TLS and credential flags to every client this command makes, as the variables
+    they read."""
     for dest, env in _TLS_FLAGS.items():
         value = getattr(args, dest, None)
         if value:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tidemq.errors import InvalidArgumentError
+from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings
 
 
@@ -25,6 +26,9 @@ class SimpleConsumerConfig:
     # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
     # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
     tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)
@@ -63,6 +67,9 @@ class PushConsumerConfig:
     # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
     # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
     tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)
