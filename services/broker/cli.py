@@ -93,6 +93,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
     )
     p.add_argument("--zk-root", metavar="PATH", help="registry root znode (default /tidemq)")
     p.add_argument(
+        "--zk-auth",
+        metavar="digest:USER:PASSWORD|@FILE",
+        help="write znodes as this ZooKeeper digest identity, which alone may change them "
+        "(@FILE: a file holding it, kept out of the process list)",
+    )
+    p.add_argument(
         "--zk-session-timeout-ms",
         type=int,
         metavar="N",
@@ -313,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         "zk_hosts",
         "zk_root",
         "zk_session_timeout_ms",
+        "zk_auth",
         "metrics_listen",
         "rocketmq_listen",
         "rocketmq_advertise",

@@ -78,6 +78,9 @@ class BrokerConfig:
     zk_root: str = zk_format.DEFAULT_ROOT
     # A SIGKILLed broker leaves the routes this long after its death (plus up to 2 server ticks).
     zk_session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
+    # digest:USER:PASSWORD or @FILE holding it (docs/security.md): the broker writes its znodes
+    # as this ZooKeeper identity, which alone may change them; empty: open znodes.
+    zk_auth: str = field(default="", repr=False)
     # Replication (docs/replication.md): chunks, reports, heartbeats and idle links, SYNC_MASTER
     # acknowledgements, the in-sync lag bound and confirm_offset. A [replication] table in TOML.
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
@@ -242,6 +245,10 @@ class BrokerConfig:
         )
 
     @property
+    def zk_digest(self) -> tuple[str, str] | None:
+        return zk_format.parse_auth(self.zk_auth) if self.zk_auth else None
+
+    @property
     def mutual_tls(self) -> bool:
         tls = self.tls
         return tls is not None and tls.client_auth == "require"
@@ -288,6 +295,8 @@ class BrokerConfig:
             lambda: zk_format.check_root(self.zk_root),
             lambda: zk_format.check_session_timeout_ms(self.zk_session_timeout_ms),
         ]
+        if self.zk_auth:
+            checks.append(lambda: zk_format.parse_auth(self.zk_auth))
         if self.zk_hosts:
             checks.append(lambda: zk_format.check_hosts(self.zk_hosts))
             checks.append(

@@ -73,6 +73,7 @@ async def serve(
         host, _ = parse_host_port(listen, allow_port_zero=True)
     except ValueError as e:
         raise StartupError(f"--listen {e}") from None
+    tls_flags.warn_if_exposed("the nameserver", listen, tls, acl_path)
 
     registry: Registry
     if zk_config is not None:
@@ -242,7 +243,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         registry_config, zk_config = _configs(args)
         tls = tls_flags.from_args(args)
-        tls_flags.warn_if_exposed("the nameserver", args.listen, tls, args.acl_file or "")
         skew = args.auth_max_clock_skew_ms or auth_flags.DEFAULT_MAX_CLOCK_SKEW_MS
         if skew <= 0:
             raise StartupError("--auth-max-clock-skew-ms must be > 0")
