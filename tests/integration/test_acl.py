@@ -23,6 +23,14 @@ from google.protobuf import message_factory  # type: ignore[import-untyped]
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import tidemq
+from tests.integration.accounts import (
+    ACL,
+    APP,
+    NOBODY,
+    OPS,
+    broker_config_as_ops,
+    write_acl,
+)
 from tests.integration.conftest import (
     BrokerProcess,
     NameServerProcess,
@@ -34,24 +42,6 @@ from tests.waiting import wait_until
 from tidemq.protos import broker_pb2, nameserver_pb2, replication_pb2, signing
 from tidemq.protos.rocketmq import service_pb2
 from tidemq.services.auth.rules import RULES, Kind
-
-ACL = """
-accounts:
-  - accessKey: ops
-    secretKey: ops-secret
-    admin: true
-  - accessKey: app
-    secretKey: app-secret
-    topicPerms:
-      - orders=PUB|SUB
-    groupPerms:
-      - billing=SUB
-  - accessKey: nobody
-    secretKey: nobody-secret
-"""
-OPS = signing.Credentials("ops", "ops-secret")
-APP = signing.Credentials("app", "app-secret")
-NOBODY = signing.Credentials("nobody", "nobody-secret")
 
 
 @dataclass
@@ -77,12 +67,10 @@ class Secured:
 def secured(
     tmp_path: Path, start_nameserver: StartNameServer, start_broker: StartBroker
 ) -> Secured:
-    acl_path = tmp_path / "plain_acl.yml"
-    acl_path.write_text(ACL)
+    acl_path = write_acl(tmp_path)
     ns = start_nameserver("--acl-file", str(acl_path), credentials=OPS)
     # The broker signs its registrations as ops (secret_key in its config file).
-    config = tmp_path / "broker.toml"
-    config.write_text('access_key = "ops"\nsecret_key = "ops-secret"\n')
+    config = broker_config_as_ops(tmp_path)
     metrics = f"127.0.0.1:{free_port()}"
     broker = start_broker(
         "--config", str(config), "--nameserver", ns.address, "--acl-file", str(acl_path),

@@ -13,40 +13,20 @@ from pathlib import Path
 import pytest
 
 import tidemq
+from tests.integration.accounts import OPS, broker_config_as_ops, write_acl
 from tests.integration.conftest import BrokerProcess, StartBroker, StartNameServer
-from tests.integration.official_clients import client_programs, of, sent_ids
-from tests.interop.clients import NODE, PYTHON, OfficialClient, Programs
+from tests.integration.official_clients import (  # noqa: F401 - the fixtures
+    client_fixture,
+    of,
+    programs_fixture,
+    sent_ids,
+)
+from tests.interop.clients import Programs
 from tests.tls_certs import Issued, TestCA
 from tests.waiting import wait_until
-from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings
 
 pytestmark = pytest.mark.integration
-
-ACL = """
-accounts:
-  - accessKey: ops
-    secretKey: ops-secret
-    admin: true
-  - accessKey: app
-    secretKey: app-secret
-    topicPerms:
-      - orders=PUB|SUB
-    groupPerms:
-      - billing=SUB
-"""
-OPS = Credentials("ops", "ops-secret")
-
-
-@pytest.fixture(params=[PYTHON, NODE], ids=lambda c: c.name)
-def client(request: pytest.FixtureRequest) -> OfficialClient:
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def programs(client: OfficialClient, tmp_path: Path) -> Iterator[Programs]:
-    with client_programs(client, tmp_path) as p:
-        yield p
 
 
 def _tls(cert: Issued, ca: TestCA) -> tuple[str, ...]:
@@ -81,14 +61,12 @@ def secured(
     tmp_path: Path, start_nameserver: StartNameServer, start_broker: StartBroker
 ) -> Iterator[Secured]:
     ca = TestCA(tmp_path / "pki")
-    acl = tmp_path / "plain_acl.yml"
-    acl.write_text(ACL)
+    acl = write_acl(tmp_path)
     tls = TlsSettings(ca_file=ca.ca_file)
     ns = start_nameserver(
         *_tls(ca.issue("nameserver"), ca), "--acl-file", str(acl), tls=tls, credentials=OPS
     )
-    config = tmp_path / "broker.toml"
-    config.write_text('access_key = "ops"\nsecret_key = "ops-secret"\n')
+    config = broker_config_as_ops(tmp_path)
     broker = start_broker(
         "--config", str(config), "--nameserver", ns.address, "--acl-file", str(acl),
         "--register-interval-ms", "500", *_tls(ca.issue("broker:broker-a:0"), ca),
