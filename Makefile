@@ -98,7 +98,7 @@ protos: venv
 verify-protos: venv
 	rm -rf .protos-check && mkdir -p .protos-check
 	$(PY) -m grpc_tools.protoc -I. --python_out=.protos-check --grpc_python_out=.protos-check $(PROTOS)
-	diff -r -x __pycache__ -x '*.proto' -x '__init__.py' -x 'errors.py' -x 'record_blocks.py' -x 'wire.py' -x '*.c' -x '*.pyi' -x '*.so' protos .protos-check/tidemq/protos
+	diff -r -x __pycache__ -x '*.proto' -x '__init__.py' -x 'errors.py' -x 'record_blocks.py' -x 'wire.py' -x 'tls.py' -x 'signing.py' -x '*.c' -x '*.pyi' -x '*.so' protos .protos-check/tidemq/protos
 	rm -rf .protos-check
 
 test: system-deps lint typecheck verify-protos pytest
@@ -137,6 +137,7 @@ system-deps:
 bench: venv $(ROCKETMQ_STAMP)
 	$(PY) bench/blocks_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/transient_pool_bench.py
+	$(PY) bench/security_bench.py
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)

@@ -19,6 +19,8 @@ import grpc
 from common import TIDEMQ, Process, free_port, stop_all, wait_until
 
 from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings, sync_channel
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 STATUS_TIMEOUT_S = 10.0
@@ -59,17 +61,24 @@ class BenchBroker:
         profile_to: str | None = None,
         broker_name: str = BROKER_NAME,
         extra_args: tuple[str, ...] = (),
+        nameserver_args: tuple[str, ...] = (),
+        tls: TlsSettings | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
+        """``nameserver_args``/``extra_args``: more flags of the nameserver/broker (TLS, an ACL
+        file); ``tls``/``credentials``: how this process then reaches the broker."""
         self.dir = directory
         os.makedirs(self.dir, exist_ok=True)
         self.procs: list[Process] = []
         ns_port = free_port()
         self.nameserver = f"127.0.0.1:{ns_port}"
         self.listen = f"127.0.0.1:{free_port()}"
-        self.channel = grpc.insecure_channel(self.listen)
+        self.channel = sync_channel(self.listen, tls, credentials=credentials)
         self.stub = broker_pb2_grpc.BrokerStub(self.channel)
         try:
-            self._start("nameserver", [*TIDEMQ, "nameserver", "--listen", self.nameserver])
+            self._start(
+                "nameserver", [*TIDEMQ, "nameserver", "--listen", self.nameserver, *nameserver_args]
+            )
             wait_until(lambda: _listening(ns_port), "nameserver start", self.procs)
             python = [sys.executable]
             if profile_to:

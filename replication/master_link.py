@@ -198,6 +198,10 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
         await context.abort(REFUSAL_STATUS[refusal.kind], refusal.reason)
         raise AssertionError("unreachable: context.abort raises")
 
+    async def admit_peer(self, identity: Identity, context: grpc.aio.ServicerContext) -> None:
+        """Whether the peer may replicate as the broker its handshake names (a server with
+        authentication checks it against the peer's certificate); aborts the call if not."""
+
     async def Stream(
         self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
@@ -213,6 +217,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServicer):  # type: ig
                 context, Refusal(RefusalKind.PROTOCOL, "the first message must be a Handshake")
             )
         hs = handshake_from_proto(first.handshake)
+        await self.admit_peer(hs.identity, context)
         if not self.active:
             await self.refuse(
                 context, Refusal(RefusalKind.NOT_MASTER, "this broker is not the master now")

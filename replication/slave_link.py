@@ -23,6 +23,8 @@ import grpc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from tidemq.protos import replication_pb2
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings, aio_channel
 from tidemq.protos.wire import FrameError, parse_chunk_frame
 from tidemq.replication.config import MAX_CHUNK_BYTES, ReplicationConfig, SlaveFlush
 from tidemq.replication.epochs import BACKUP_SUFFIX, FILE_NAME, EpochFile
@@ -92,10 +94,14 @@ class SlaveClient:
         identity: Identity,
         config: ReplicationConfig,
         address: str = "",
+        tls: TlsSettings | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.store = store
         self.identity = identity
         self.config = config
+        self.tls = tls  # the slave's own certificate, when the group speaks TLS
+        self.credentials = credentials  # its account, where the group has an ACL but no mTLS
         self.address = address  # what the master shows in its status and lag reports
         self.master_address = ""
         self._address_known = asyncio.Event()
@@ -186,7 +192,7 @@ class SlaveClient:
         store = self.store
         cl = store.log
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES)]
-        async with grpc.aio.insecure_channel(address, options=options) as channel:
+        async with aio_channel(address, self.tls, options, self.credentials) as channel:
             stream = channel.stream_stream(
                 _STREAM_METHOD,
                 request_serializer=R.SlaveMessage.SerializeToString,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
@@ -215,16 +215,33 @@ async def abort_with(context: grpc.aio.ServicerContext, exc: BaseException) -> N
     raise AssertionError("unreachable: context.abort raises")
 
 
-def add_servicer(add: Callable[[Any, Any], None], servicer: Any, server: grpc.aio.Server) -> None:
+class Admitter(Protocol):
+    """Decides whether a call may run (``tidemq.services.auth.on_the_wire.WireGuard``): returns,
+    or aborts the call."""
+
+    async def admit(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """``request`` is the decoded request, None at the start of a bidirectional stream."""
+
+
+def add_servicer(
+    add: Callable[[Any, Any], None],
+    servicer: Any,
+    server: grpc.aio.Server,
+    guard: Admitter | None = None,
+) -> None:
     """Register ``servicer`` with a generated ``add_*Servicer_to_server`` function, but decode
-    each request inside the handler.
+    each request inside the handler, and with ``guard`` admit each call (docs/security.md)
+    before its handler runs.
 
     gRPC itself answers bytes it cannot decode (corrupt wire format, a string that is not UTF-8)
     with an opaque UNKNOWN and logs a traceback; here they get INVALID_ARGUMENT and the typed
     ErrorDetail, like any other bad input."""
     capture = _HandlerCapture()
     add(servicer, capture)
-    handlers = {name: _decode_in_handler(h) for name, h in capture.handlers.items()}
+    handlers = {
+        name: _decode_in_handler(h, f"/{capture.service}/{name}", guard)
+        for name, h in capture.handlers.items()
+    }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(capture.service, handlers),)
     )
@@ -244,7 +261,7 @@ class _HandlerCapture:
         self.service, self.handlers = service, handlers
 
 
-def _decode_in_handler(handler: Any) -> Any:
+def _decode_in_handler(handler: Any, method: str, guard: Admitter | None) -> Any:
     decode = handler.request_deserializer
     encode = handler.response_serializer
     behavior = handler.unary_unary
@@ -252,9 +269,9 @@ def _decode_in_handler(handler: Any) -> Any:
         return handler
     if behavior is None:
         if handler.unary_stream is not None:
-            return _decode_in_stream_handler(handler)
+            return _decode_in_stream_handler(handler, method, guard)
         if handler.stream_stream is not None:
-            return _decode_in_bidi_handler(handler)
+            return _decode_in_bidi_handler(handler, method, guard)
         return handler
 
     encode_unless_encoded = _encode_unless_encoded(encode)
@@ -264,6 +281,8 @@ def _decode_in_handler(handler: Any) -> Any:
             request = decode(raw)
         except DecodeError as e:
             await abort_with(context, invalid(f"the request is not a valid message: {e}"))
+        if guard is not None:
+            await guard.admit(method, request, context)
         return await behavior(request, context)
 
     return handler._replace(
@@ -273,7 +292,7 @@ def _decode_in_handler(handler: Any) -> Any:
     )
 
 
-def _decode_in_stream_handler(handler: Any) -> Any:
+def _decode_in_stream_handler(handler: Any, method: str, guard: Admitter | None) -> Any:
     """A server-streaming call (a producer's transaction checks): the same typed answer to a
     request that does not decode."""
     decode = handler.request_deserializer
@@ -284,6 +303,8 @@ def _decode_in_stream_handler(handler: Any) -> Any:
             request = decode(raw)
         except DecodeError as e:
             await abort_with(context, invalid(f"the request is not a valid message: {e}"))
+        if guard is not None:
+            await guard.admit(method, request, context)
         async for response in behavior(request, context):
             yield response
 
@@ -299,7 +320,7 @@ def _encode_unless_encoded(encode: Any) -> Any:
     return encoded
 
 
-def _decode_in_bidi_handler(handler: Any) -> Any:
+def _decode_in_bidi_handler(handler: Any, method: str, guard: Admitter | None) -> Any:
     """A bidirectional stream (RocketMQ 5's Telemetry): each inbound message is decoded as the
     handler reads it; one that does not decode raises ``ServiceError(INVALID_ARGUMENT)`` there,
     for the handler to answer (gRPC would end the call with an opaque error)."""
@@ -316,6 +337,8 @@ def _decode_in_bidi_handler(handler: Any) -> Any:
     async def stream_stream(
         raw_requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[Any]:
+        if guard is not None:
+            await guard.admit(method, None, context)
         async for response in behavior(decoded(raw_requests), context):
             yield response
 

@@ -18,6 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
+from kazoo.security import make_acl, make_digest_acl
 
 # kazoo's own default grows the pause between reconnection rounds up to an hour; a nameserver
 # must notice a restarted ZooKeeper within seconds.
@@ -26,14 +27,28 @@ RECONNECT_MAX_DELAY_S = 2.0
 ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
-def new_client(hosts: str, session_timeout_ms: int) -> Any:
-    """A kazoo client that keeps reconnecting, at most ``RECONNECT_MAX_DELAY_S`` apart."""
+def new_client(hosts: str, session_timeout_ms: int, digest: tuple[str, str] | None = None) -> Any:
+    """A kazoo client that keeps reconnecting, at most ``RECONNECT_MAX_DELAY_S`` apart. With
+    ``digest`` (user, password) it authenticates as that identity and creates every znode with
+    an ACL that lets only that identity change it, and anyone read it (nameservers read the
+    registry without credentials)."""
+    auth: dict[str, Any] = {}
+    if digest is not None:
+        user, password = digest
+        auth = {
+            "auth_data": [("digest", f"{user}:{password}")],
+            "default_acl": [
+                make_digest_acl(user, password, all=True),
+                make_acl("world", "anyone", read=True),
+            ],
+        }
     return KazooClient(
         hosts=hosts,
         timeout=session_timeout_ms / 1000,
         connection_retry=KazooRetry(
             max_tries=-1, delay=0.1, backoff=2, max_delay=RECONNECT_MAX_DELAY_S
         ),
+        **auth,
     )
 
 

@@ -54,6 +54,8 @@ if TYPE_CHECKING:
         TransactionChecker,
         TransactionResolution,
     )
+    from tidemq.protos.signing import Credentials
+    from tidemq.protos.tls import TlsSettings
     from tidemq.reader import AsyncQueueReader, PullResult, PullStatus, QueueReader
     from tidemq.routes import MessageQueue
     from tidemq.types import ConsumeResult, Message, ReceivedMessage, SendResult, SendStatus
@@ -73,6 +75,7 @@ __all__ = [
     "ConsumeResult",
     "Consumer",
     "ConsumerConfig",
+    "Credentials",
     "Message",
     "MessageQueue",
     "Producer",
@@ -89,6 +92,7 @@ __all__ = [
     "SimpleConsumer",
     "SimpleConsumerConfig",
     "TidemqError",
+    "TlsSettings",
     "Transaction",
     "TransactionChecker",
     "TransactionResolution",
@@ -125,6 +129,8 @@ _HOMES = {
     "PullStatus": "tidemq.reader",
     "QueueReader": "tidemq.reader",
     "MessageQueue": "tidemq.routes",
+    "TlsSettings": "tidemq.protos.tls",
+    "Credentials": "tidemq.protos.signing",
     "ConsumeResult": "tidemq.types",
     "Message": "tidemq.types",
     "ReceivedMessage": "tidemq.types",

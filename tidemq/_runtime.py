@@ -19,6 +19,11 @@ import grpc
 from tenacity import wait_exponential, wait_random
 from tenacity.wait import wait_base
 
+from tidemq.protos.signing import Credentials
+from tidemq.protos.signing import resolve as resolve_credentials
+from tidemq.protos.tls import TlsSettings, aio_channel
+from tidemq.protos.tls import resolve as resolve_tls
+
 T = TypeVar("T")
 
 
@@ -72,9 +77,19 @@ def nameserver_addresses(nameserver: str | Sequence[str] | None) -> tuple[str, .
 
 
 class Channels:
-    """One grpc.aio channel per address, created on first use, on the loop that uses them."""
+    """One grpc.aio channel per address, created on first use, on the loop that uses them; over
+    TLS when ``tls`` is given (docs/security.md). ``tls`` is a client's ``tls=`` argument:
+    ``TlsSettings``, True (the system's roots), False (plaintext), or None (``TIDEMQ_TLS_*``
+    decide). Every call is signed with ``credentials`` (``Credentials``; False: none; None:
+    ``TIDEMQ_ACCESS_KEY``/``TIDEMQ_SECRET_KEY`` decide)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        tls: TlsSettings | bool | None = None,
+        credentials: Credentials | bool | None = None,
+    ) -> None:
+        self.tls = resolve_tls(tls)
+        self.credentials = resolve_credentials(credentials)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[tuple[str, object], Any] = {}
 
@@ -84,7 +99,7 @@ class Channels:
         if stub is None:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = aio_channel(address, self.tls, CHANNEL_OPTIONS, self.credentials)
                 self._channels[address] = channel
             stub = stub_class(channel)
             self._stubs[key] = stub

@@ -70,7 +70,13 @@ class MessageNotFoundError(NotFoundError):
 
 
 class PermissionDeniedError(TidemqError):
-    """The topic is not writable (or readable) on that broker."""
+    """The topic is not writable (or readable) on that broker, or the account's permissions
+    do not allow the call (code ``ACCESS_DENIED``)."""
+
+
+class AuthenticationError(TidemqError):
+    """The server does not know who is asking: no credentials, an unknown access key, a wrong
+    secret key, or a clock too far from the server's (docs/security.md)."""
 
 
 class BrokerUnavailableError(TidemqError):
@@ -187,6 +193,8 @@ _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.TRANSACTION_ALREADY_RESOLVED: TransactionAlreadyResolved,
     common_pb2.SEQUENCE_GAP: SequenceGap,
     common_pb2.PRODUCER_FENCED: ProducerFenced,
+    common_pb2.UNAUTHENTICATED: AuthenticationError,
+    common_pb2.ACCESS_DENIED: PermissionDeniedError,
 }
 
 _BY_STATUS: dict[grpc.StatusCode, type[TidemqError]] = {
@@ -196,6 +204,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidemqError]] = {
     grpc.StatusCode.OUT_OF_RANGE: InvalidArgumentError,
     grpc.StatusCode.NOT_FOUND: NotFoundError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
     grpc.StatusCode.CANCELLED: ClientClosedError,
 }
 

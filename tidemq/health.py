@@ -12,12 +12,23 @@ import argparse
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tidemq.cli.common import add_tls
+from tidemq.protos.tls import TlsSettings, sync_channel
+
 DEFAULT_TIMEOUT_S = 3.0
 
 
-def check(address: str, service: str = "", timeout_s: float = DEFAULT_TIMEOUT_S) -> str:
-    """The serving status's name (``SERVING``, ``NOT_SERVING``, ...), or ``UNREACHABLE: why``."""
-    with grpc.insecure_channel(address) as channel:
+def check(
+    address: str,
+    service: str = "",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    tls: TlsSettings | None = None,
+) -> str:
+    """The serving status's name (``SERVING``, ``NOT_SERVING``, ...), or ``UNREACHABLE: why``.
+    Over TLS with ``tls`` (by default as ``TIDEMQ_TLS_*`` say)."""
+    if tls is None:
+        tls = TlsSettings.from_env()
+    with sync_channel(address, tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
@@ -53,4 +64,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="S",
         help=f"seconds to wait for an answer (default {DEFAULT_TIMEOUT_S})",
     )
+    add_tls(p)
     p.set_defaults(func=cmd_health)

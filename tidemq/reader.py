@@ -25,6 +25,8 @@ import grpc
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.errors import DataLossError, TidemqError, from_rpc_error
 from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings
 from tidemq.routes import MessageQueue, NameServerClient, RouteCache
 from tidemq.types import ReceivedMessage
 
@@ -64,6 +66,12 @@ class ReaderConfig:
     # read_range keeps retrying a broker that does not answer (or a slave behind the range)
     # this long before it gives up with the last error.
     retry_timeout_ms: int = 60_000
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         if self.route_refresh_ms <= 0 or self.retry_timeout_ms <= 0:
@@ -73,7 +81,7 @@ class ReaderConfig:
 class AsyncQueueReader:
     def __init__(self, nameserver: str | Sequence[str] | None = None, **settings: Any) -> None:
         self.config = ReaderConfig(**settings)
-        self._channels = Channels()
+        self._channels = Channels(self.config.tls, self.config.credentials)
         self._nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
         self.routes = RouteCache(self._nameserver, self.config.route_refresh_ms / 1000)
 

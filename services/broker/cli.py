@@ -9,6 +9,8 @@ import logging
 import sys
 from typing import Any
 
+from tidemq.services import tls_flags
+from tidemq.services.auth import flags as auth_flags
 from tidemq.services.broker import config as broker_config
 from tidemq.services.broker import repair
 from tidemq.services.broker.server import serve
@@ -90,6 +92,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="register in ZooKeeper, HOST:PORT[,HOST:PORT...][/chroot] (default: heartbeats only)",
     )
     p.add_argument("--zk-root", metavar="PATH", help="registry root znode (default /tidemq)")
+    p.add_argument(
+        "--zk-auth",
+        metavar="digest:USER:PASSWORD|@FILE",
+        help="write znodes as this ZooKeeper digest identity, which alone may change them "
+        "(@FILE: a file holding it, kept out of the process list)",
+    )
     p.add_argument(
         "--zk-session-timeout-ms",
         type=int,
@@ -269,6 +277,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="idempotent producers whose sequences are remembered, LRU (100000)",
     )
+    tls_flags.add_arguments(p)
+    auth_flags.add_arguments(p)
+    p.add_argument(
+        "--access-key",
+        metavar="KEY",
+        help="the account this broker signs its calls to nameservers and its master with, where "
+        "the cluster has an ACL but no mutual TLS (its secret key: secret_key in --config, or "
+        "$TIDEMQ_SECRET_KEY)",
+    )
     p.add_argument(
         "--store-overrides",
         help='JSON object of StoreConfig keys, e.g. {"commitlog_file_size_bytes": 1048576}',
@@ -302,6 +319,7 @@ def run(args: argparse.Namespace) -> int:
         "zk_hosts",
         "zk_root",
         "zk_session_timeout_ms",
+        "zk_auth",
         "metrics_listen",
         "rocketmq_listen",
         "rocketmq_advertise",
@@ -325,6 +343,13 @@ def run(args: argparse.Namespace) -> int:
         "max_delay_ms",
         "timer_tick_ms",
         "idempotence_max_producers",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_ca_file",
+        "tls_client_auth",
+        "acl_file",
+        "auth_max_clock_skew_ms",
+        "access_key",
     )
     overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
     # The --ha-* flags and --confirm-offset land in the config's replication table.

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tidemq.protos.signing import ENV_SECRET_KEY, Credentials
+from tidemq.protos.tls import ServerTls, TlsConfigError, TlsSettings
 from tidemq.replication import ReplicationConfig
+from tidemq.services.auth import acl
 from tidemq.services.nameserver import zk_format
 from tidemq.storage import state_file
 from tidemq.storage.config import FlushMode
@@ -74,6 +78,9 @@ class BrokerConfig:
     zk_root: str = zk_format.DEFAULT_ROOT
     # A SIGKILLed broker leaves the routes this long after its death (plus up to 2 server ticks).
     zk_session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
+    # digest:USER:PASSWORD or @FILE holding it (docs/security.md): the broker writes its znodes
+    # as this ZooKeeper identity, which alone may change them; empty: open znodes.
+    zk_auth: str = field(default="", repr=False)
     # Replication (docs/replication.md): chunks, reports, heartbeats and idle links, SYNC_MASTER
     # acknowledgements, the in-sync lag bound and confirm_offset. A [replication] table in TOML.
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
@@ -124,6 +131,23 @@ class BrokerConfig:
     # Idempotent sends (docs/production.md): producers whose sequences the broker remembers,
     # least recently used first out; a forgotten producer must start a new epoch (SEQUENCE_GAP).
     idempotence_max_producers: int = 100_000
+    # TLS (docs/security.md): set, every listener (Broker service, replication, the RocketMQ 5
+    # protocol) serves TLS only, and the broker calls nameservers and its master over TLS with
+    # the same certificate, trusting tls_ca_file. tls_client_auth "require" accepts only clients
+    # with a certificate tls_ca_file signed.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    tls_client_auth: str = ""
+    # Authentication and permissions (docs/security.md): an ACL file in RocketMQ's
+    # plain_acl.yml format, re-read when it changes; a signed request's date must be within
+    # auth_max_clock_skew_ms of the broker's clock. access_key/secret_key: the account the
+    # broker signs its own calls with (to nameservers and its master) where the cluster has an
+    # ACL but no mutual TLS; TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY when left empty.
+    acl_file: str = ""
+    auth_max_clock_skew_ms: int = 900_000
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -196,8 +220,51 @@ class BrokerConfig:
                 f"{self.transaction_exhausted_resolution!r}"
             )
         problems += self._zk_problems()
+        try:
+            self.tls  # noqa: B018 (checks the files now, not at the first connection)
+        except TlsConfigError as e:
+            problems.append(str(e))
+        if self.acl_file:
+            try:
+                acl.load(self.acl_file)
+            except acl.AclFileError as e:
+                problems.append(str(e))
+        if self.auth_max_clock_skew_ms <= 0:
+            problems.append("auth_max_clock_skew_ms must be > 0")
+        if self.secret_key and not self.access_key:
+            problems.append("secret_key needs access_key")
+        if self.access_key and not (self.secret_key or os.environ.get(ENV_SECRET_KEY)):
+            problems.append(f"access_key needs secret_key (or ${ENV_SECRET_KEY})")
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
+
+    @property
+    def tls(self) -> ServerTls | None:
+        return ServerTls.from_settings(
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_auth
+        )
+
+    @property
+    def zk_digest(self) -> tuple[str, str] | None:
+        return zk_format.parse_auth(self.zk_auth) if self.zk_auth else None
+
+    @property
+    def mutual_tls(self) -> bool:
+        tls = self.tls
+        return tls is not None and tls.client_auth == "require"
+
+    @property
+    def client_credentials(self) -> Credentials | None:
+        """What the broker signs its own calls with (None: it does not sign them)."""
+        if self.access_key:
+            return Credentials(self.access_key, self.secret_key or os.environ[ENV_SECRET_KEY])
+        return Credentials.from_env()
+
+    @property
+    def client_tls(self) -> TlsSettings | None:
+        """How the broker calls nameservers and its master: with its own certificate."""
+        tls = self.tls
+        return None if tls is None else tls.as_client()
 
     @property
     def automatic(self) -> bool:
@@ -228,6 +295,8 @@ class BrokerConfig:
             lambda: zk_format.check_root(self.zk_root),
             lambda: zk_format.check_session_timeout_ms(self.zk_session_timeout_ms),
         ]
+        if self.zk_auth:
+            checks.append(lambda: zk_format.parse_auth(self.zk_auth))
         if self.zk_hosts:
             checks.append(lambda: zk_format.check_hosts(self.zk_hosts))
             checks.append(

@@ -30,6 +30,8 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings, aio_channel
 from tidemq.services.broker.groups import SubscriptionGroupManager, group_of, group_proto
 from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
 from tidemq.services.broker.topics import DataVersion, TopicConfig, TopicManager
@@ -114,7 +116,11 @@ class ConfigSync:
         interval_ms: int,
         full_interval_ms: int,
         on_topics_changed: Callable[[], object],
+        tls: TlsSettings | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
+        self.tls = tls  # the broker's own certificate, when the cluster speaks TLS
+        self.credentials = credentials
         self.topics = topics
         self.groups = groups
         self.offsets = offsets
@@ -147,7 +153,7 @@ class ConfigSync:
         full = (now - self._last_full_mono) * 1000 >= self.full_interval_ms
         request = self.request(full)
         try:
-            async with grpc.aio.insecure_channel(address) as channel:
+            async with aio_channel(address, self.tls, credentials=self.credentials) as channel:
                 stub = broker_pb2_grpc.BrokerStub(channel)
                 response = await stub.SyncConfig(request, timeout=SYNC_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:

@@ -74,6 +74,14 @@ class BrokerMetrics:
             ["method", "code"],
             registry=r,
         )
+        self.auth_refusals = Counter(
+            "tidemq_auth_refusals",
+            "Calls refused by authentication or permissions (docs/security.md), by method and "
+            "reason (no_credentials, malformed, unknown_key, stale_date, bad_signature, denied, "
+            "not_a_broker, wrong_identity)",
+            ["method", "reason"],
+            registry=r,
+        )
         self.send_messages = Counter(
             "tidemq_send_messages",
             "Messages stored by SendMessage, by topic and SendStatus",
@@ -162,6 +170,9 @@ class BrokerMetrics:
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ servicer hooks
+    def auth_refused(self, method: str, reason: str) -> None:
+        self.auth_refusals.labels(method, reason).inc()
+
     def rpc(self, method: str, code: str) -> None:
         self.rpc_requests.labels(method, code).inc()
 

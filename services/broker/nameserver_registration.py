@@ -11,6 +11,7 @@ from collections.abc import Callable
 import grpc
 
 from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
+from tidemq.protos.tls import aio_channel
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.publication import RegistrationRounds
@@ -68,7 +69,9 @@ class NameserverRegistration:
 
     async def _register(self, nameserver: str, request: object) -> None:
         try:
-            async with grpc.aio.insecure_channel(nameserver) as channel:
+            async with aio_channel(
+                nameserver, self.config.client_tls, credentials=self.config.client_credentials
+            ) as channel:
                 stub = nameserver_pb2_grpc.NameServerStub(channel)
                 response = await stub.RegisterBroker(request, timeout=REGISTER_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
@@ -85,7 +88,9 @@ class NameserverRegistration:
         )
         for ns in self.config.nameservers:
             try:
-                async with grpc.aio.insecure_channel(ns) as channel:
+                async with aio_channel(
+                    ns, self.config.client_tls, credentials=self.config.client_credentials
+                ) as channel:
                     await nameserver_pb2_grpc.NameServerStub(channel).UnregisterBroker(
                         request, timeout=REGISTER_TIMEOUT_S
                     )

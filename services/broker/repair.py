@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.protos.tls import TlsSettings, sync_channel
 from tidemq.replication import epochs
 from tidemq.services.broker import groups, offsets, topics
 from tidemq.services.broker.config_sync import offsets_of, topic_of, version_of
@@ -112,8 +113,9 @@ def reset(store_dir: str, kind: str) -> list[str]:
 
 
 def fetch_peer(address: str) -> Any:
-    """A running broker's whole tables (a full config sync that hands it nothing)."""
-    with grpc.insecure_channel(address) as channel:
+    """A running broker's whole tables (a full config sync that hands it nothing). Over TLS
+    when ``TIDEMQ_TLS_*`` say so (docs/security.md)."""
+    with sync_channel(address, TlsSettings.from_env()) as channel:
         return broker_pb2_grpc.BrokerStub(channel).SyncConfig(
             broker_pb2.SyncConfigRequest(full=True), timeout=PEER_TIMEOUT_S
         )

@@ -13,12 +13,17 @@ from tidemq.protos import broker_pb2, common_pb2
 from tidemq.replication import Identity, Refusal, RefusalKind
 from tidemq.replication.master_link import REFUSAL_STATUS, ReplicationServicer
 from tidemq.replication.slave_link import SlaveClient
+from tidemq.services.auth.guard import Refusal as AuthRefusal
+from tidemq.services.auth.guard import Who
+from tidemq.services.auth.on_the_wire import WireGuard, caller_of, current_caller
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.errors import ServiceError, abort_with
 from tidemq.storage.clock import monotonic_ms
 
 log = logging.getLogger(__name__)
+
+REPLICATE_METHOD = "/tidemq.v1.Replication/Stream"
 
 _CODES = {
     RefusalKind.STRANGER: (common_pb2.NO_PERMISSION, False),
@@ -35,7 +40,19 @@ def identity(config: BrokerConfig) -> Identity:
 
 
 class TypedReplicationServicer(ReplicationServicer):
-    """Refusals carry the ErrorDetail every tidemq error carries (services/errors.py)."""
+    """Refusals carry the ErrorDetail every tidemq error carries (services/errors.py); with a
+    guard, a slave replicates only as the broker its certificate names."""
+
+    guard: WireGuard | None = None
+
+    async def admit_peer(self, identity: Identity, context: grpc.aio.ServicerContext) -> None:
+        if self.guard is None:
+            return
+        who = current_caller.get() or Who()
+        try:
+            self.guard.guard.replication_peer(who, identity.broker_name, identity.broker_id)
+        except AuthRefusal as refusal:
+            await self.guard.refuse(REPLICATE_METHOD, refusal, caller_of(context), context)
 
     async def refuse(self, context: grpc.aio.ServicerContext, refusal: Refusal) -> NoReturn:
         code, retriable = _CODES[refusal.kind]

@@ -18,8 +18,11 @@ from tidemq.protos import (
     broker_pb2_grpc,
     replication_pb2_grpc,
 )
+from tidemq.protos.tls import add_port
 from tidemq.replication.epochs import EpochFile
 from tidemq.replication.slave_link import SlaveClient
+from tidemq.services import tls_flags
+from tidemq.services.auth.on_the_wire import wire_guard
 from tidemq.services.broker.admission_grpc import admission_interceptor
 from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
@@ -100,6 +103,8 @@ class Broker:
                 config.config_sync_interval_ms,
                 config.config_full_sync_interval_ms,
                 on_topics_changed=self.rounds.request,
+                tls=config.client_tls,
+                credentials=config.client_credentials,
             )
         if config.role is not BrokerRole.SLAVE:
             self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
@@ -141,7 +146,12 @@ class Broker:
         cfg = self.config
         if cfg.role is BrokerRole.SLAVE or cfg.automatic:
             self.slave = SlaveClient(
-                self.store, identity(cfg), cfg.replication, address=cfg.advertised
+                self.store,
+                identity(cfg),
+                cfg.replication,
+                address=cfg.advertised,
+                tls=cfg.client_tls,
+                credentials=cfg.client_credentials,
             )
         if cfg.role is not BrokerRole.SLAVE:
             self.replication = TypedReplicationServicer(self.store, identity(cfg), cfg.replication)
@@ -218,17 +228,30 @@ class Broker:
             ],
             interceptors=[admission_interceptor(cfg, self.metrics)],
         )
-        add_servicer(broker_pb2_grpc.add_BrokerServicer_to_server, self.servicer, self.server)
+        # Who may call what (docs/security.md): None without an ACL file and mutual TLS.
+        self.guard = wire_guard(
+            acl_path=cfg.acl_file,
+            brokers_by_certificate=cfg.mutual_tls,
+            max_clock_skew_ms=cfg.auth_max_clock_skew_ms,
+            own_group=cfg.broker_name,
+            on_refused=self.metrics.auth_refused if self.metrics is not None else None,
+        )
+        add_servicer(
+            broker_pb2_grpc.add_BrokerServicer_to_server, self.servicer, self.server, self.guard
+        )
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if self.replication is not None:
             # Slaves replicate from the Broker service's own port (the advertised ha_address).
+            self.replication.guard = self.guard
             add_servicer(
                 replication_pb2_grpc.add_ReplicationServicer_to_server,
                 self.replication,
                 self.server,
+                self.guard,
             )
-        self.bound_port = self.server.add_insecure_port(self.config.listen)
+        tls_flags.warn_if_exposed("the broker", self.config.listen, cfg.tls, cfg.acl_file)
+        self.bound_port = add_port(self.server, self.config.listen, cfg.tls)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.listen}")
         if cfg.rocketmq_listen:
@@ -239,6 +262,7 @@ class Broker:
                 self.groups,
                 self.role,
                 self.store.config.max_message_body_bytes or self.config.max_request_bytes,
+                self.guard,
             )
             await self.rocketmq.start()
         if self.metrics is not None:

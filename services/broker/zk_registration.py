@@ -140,9 +140,11 @@ class ZkRegistration(KazooLoopBridge):
         hosts: str,
         session_timeout_ms: int,
         node: Callable[[], tuple[str, bytes]],
+        digest: tuple[str, str] | None = None,
     ) -> None:
         self.hosts = hosts
         self.session_timeout_ms = session_timeout_ms
+        self.digest = digest  # the ZooKeeper identity its znodes belong to (zk_auth)
         # Called on the loop: it reads the topic table and the role. The path moves when the
         # role does (under automatic failover the master registers as id 0).
         self._node = node
@@ -171,7 +173,9 @@ class ZkRegistration(KazooLoopBridge):
             return path, zk_format.encode_registration(broker_registration(config, topics, role))
 
         try:
-            registration = cls(config.zk_hosts, config.zk_session_timeout_ms, node)
+            registration = cls(
+                config.zk_hosts, config.zk_session_timeout_ms, node, config.zk_digest
+            )
         except (ServiceError, zk_format.ZnodeDataError) as e:
             # Fail now, loudly, rather than run a broker no nameserver will ever route to.
             raise ConfigError(f"this broker cannot register in ZooKeeper: {e}") from None
@@ -186,7 +190,7 @@ class ZkRegistration(KazooLoopBridge):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._client = new_client(self.hosts, self.session_timeout_ms)
+        self._client = new_client(self.hosts, self.session_timeout_ms, self.digest)
         self._client.add_listener(self._on_session_event)
         self._task = asyncio.create_task(self._run(), name="zk-registration")
         # Not waiting for the connection: the broker serves while ZooKeeper is away, and

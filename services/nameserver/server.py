@@ -22,6 +22,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
+from tidemq.protos.tls import ServerTls, TlsConfigError, add_port
+from tidemq.services import tls_flags
+from tidemq.services.auth import flags as auth_flags
+from tidemq.services.auth.acl import AclFileError
+from tidemq.services.auth.on_the_wire import wire_guard
 from tidemq.services.dev import die_with_parent
 from tidemq.services.errors import add_servicer
 from tidemq.services.nameserver import zk_format
@@ -53,16 +58,22 @@ async def serve(
     zk_config: ZooKeeperRegistryConfig | None = None,
     grace_period_s: float = GRACE_PERIOD_S,
     stop: asyncio.Event | None = None,
+    tls: ServerTls | None = None,
+    acl_path: str = "",
+    max_clock_skew_ms: int = auth_flags.DEFAULT_MAX_CLOCK_SKEW_MS,
 ) -> None:
     """Serve until ``stop`` is set; without one, until SIGTERM or SIGINT.
 
     With ``zk_config`` the routes come from ZooKeeper and ``registry_config`` must be None.
-    Port 0 in ``listen`` binds any free port; the bound address is logged either way.
+    Port 0 in ``listen`` binds any free port; the bound address is logged either way. With
+    ``tls`` the port serves TLS only. With ``acl_path`` (or mutual TLS) calls are checked as
+    docs/security.md says.
     """
     try:
         host, _ = parse_host_port(listen, allow_port_zero=True)
     except ValueError as e:
         raise StartupError(f"--listen {e}") from None
+    tls_flags.warn_if_exposed("the nameserver", listen, tls, acl_path)
 
     registry: Registry
     if zk_config is not None:
@@ -81,13 +92,28 @@ async def serve(
             f"scan every {embedded.config.scan_interval_ms} ms"
         )
     server = grpc.aio.server()
+    try:
+        guard = wire_guard(
+            acl_path=acl_path,
+            brokers_by_certificate=tls is not None and tls.client_auth == "require",
+            max_clock_skew_ms=max_clock_skew_ms,
+            own_group=None,
+        )
+    except AclFileError as e:
+        raise StartupError(str(e)) from None
     add_servicer(
-        nameserver_pb2_grpc.add_NameServerServicer_to_server, NameServerServicer(registry), server
+        nameserver_pb2_grpc.add_NameServerServicer_to_server,
+        NameServerServicer(registry),
+        server,
+        guard,
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     try:
-        port = server.add_insecure_port(listen)
+        port = add_port(server, listen, tls)
+    except TlsConfigError as e:
+        await server.stop(None)
+        raise StartupError(str(e)) from None
     except RuntimeError as e:  # grpc raises RuntimeError("Failed to bind to address ...")
         await server.stop(None)
         raise StartupError(f"cannot listen on {listen}: {e}") from None
@@ -102,7 +128,9 @@ async def serve(
         await server.start()
         for service in ("", SERVICE_NAME):  # "" is the whole server, as probes ask by default
             await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-        log.info("nameserver serving on %s:%d (%s)", host, port, described)
+        log.info(
+            "nameserver serving on %s:%d%s (%s)", host, port, " over TLS" if tls else "", described
+        )
         await stop.wait()
         log.info("nameserver stopping (grace period %.1f s)", grace_period_s)
     finally:
@@ -166,6 +194,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --zk: this nameserver's session timeout; a silent connection is noticed "
         f"within 2/3 of it (default {zk_format.DEFAULT_SESSION_TIMEOUT_MS})",
     )
+    tls_flags.add_arguments(parser)
+    auth_flags.add_arguments(parser)
 
 
 def _configs(
@@ -212,8 +242,21 @@ def run(args: argparse.Namespace) -> int:
     die_with_parent()
     try:
         registry_config, zk_config = _configs(args)
-        asyncio.run(serve(args.listen, registry_config, zk_config=zk_config))
-    except StartupError as e:
+        tls = tls_flags.from_args(args)
+        skew = args.auth_max_clock_skew_ms or auth_flags.DEFAULT_MAX_CLOCK_SKEW_MS
+        if skew <= 0:
+            raise StartupError("--auth-max-clock-skew-ms must be > 0")
+        asyncio.run(
+            serve(
+                args.listen,
+                registry_config,
+                zk_config=zk_config,
+                tls=tls,
+                acl_path=args.acl_file or "",
+                max_clock_skew_ms=skew,
+            )
+        )
+    except (StartupError, TlsConfigError) as e:
         print(f"tidemq nameserver: {e}", file=sys.stderr)
         return 2
     return 0

@@ -149,6 +149,25 @@ def check_session_timeout_ms(value: int) -> int:
     return value
 
 
+def parse_auth(text: str) -> tuple[str, str]:
+    """``digest:USER:PASSWORD``, or ``@PATH`` of a file holding it (a mounted Secret): the
+    ZooKeeper digest identity a broker writes its znodes as (docs/security.md)."""
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read().strip()
+        except OSError as e:
+            raise ZooKeeperConfigError(
+                f"zk_auth file {path!r}: cannot read it: {e.strerror}"
+            ) from None
+    scheme, _, credential = text.partition(":")
+    user, sep, password = credential.partition(":")
+    if scheme != "digest" or not sep or not user or not password:
+        raise ZooKeeperConfigError("zk_auth must be digest:USER:PASSWORD (or @FILE holding it)")
+    return user, password
+
+
 def clusters_path(root: str) -> str:
     return join(root, CLUSTERS)
 

@@ -23,6 +23,8 @@ import pytest
 
 from tests.integration.zookeeper import start_zookeeper, zk_root, zookeeper  # noqa: F401 - fixtures
 from tidemq.protos import broker_pb2, broker_pb2_grpc, nameserver_pb2, nameserver_pb2_grpc
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings, sync_channel
 
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -44,6 +46,9 @@ class ServiceProcess:
     address: str
     log_path: Path
     _channel: grpc.Channel | None = field(default=None, repr=False)
+    # How the test talks to it: over TLS with these settings, plaintext without.
+    tls: TlsSettings | None = field(default=None, kw_only=True)
+    credentials: Credentials | None = field(default=None, kw_only=True)
 
     kind = "service"
 
@@ -53,7 +58,7 @@ class ServiceProcess:
     def channel(self) -> grpc.Channel:
         """This process's one channel (closed when the process is stopped)."""
         if self._channel is None:
-            self._channel = grpc.insecure_channel(self.address)
+            self._channel = sync_channel(self.address, self.tls, credentials=self.credentials)
         return self._channel
 
     def probe(self, channel: grpc.Channel, timeout_s: float) -> None:
@@ -62,7 +67,7 @@ class ServiceProcess:
     def wait_serving(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Until the probe answers; fails at once if the process exits, or at the deadline."""
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
+        with sync_channel(self.address, self.tls, credentials=self.credentials) as channel:
             while True:
                 if self.proc.poll() is not None:
                     raise AssertionError(
@@ -197,11 +202,13 @@ _REPORTS = pytest.StashKey[dict[str, pytest.TestReport]]()
 def start_nameserver(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[StartNameServer]:
     started: list[NameServerProcess] = []
 
-    def start(*flags: str) -> NameServerProcess:
+    def start(
+        *flags: str, tls: TlsSettings | None = None, credentials: Credentials | None = None
+    ) -> NameServerProcess:
         address = f"127.0.0.1:{free_port()}"
         log_path = tmp_path / f"nameserver-{len(started)}.log"
         proc = spawn(["nameserver", "--listen", address, *flags], log_path)
-        ns = NameServerProcess(proc, address, log_path)
+        ns = NameServerProcess(proc, address, log_path, tls=tls, credentials=credentials)
         started.append(ns)
         ns.wait_serving()
         return ns
@@ -219,7 +226,12 @@ def start_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sta
     started: list[BrokerProcess] = []
 
     def start(
-        *flags: str, store: str = "broker", port: int | None = None, rocketmq: bool = False
+        *flags: str,
+        store: str = "broker",
+        port: int | None = None,
+        rocketmq: bool = False,
+        tls: TlsSettings | None = None,
+        credentials: Credentials | None = None,
     ) -> BrokerProcess:
         address = f"127.0.0.1:{port or free_port()}"
         store_dir = tmp_path / store
@@ -229,7 +241,15 @@ def start_broker(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Sta
         if v2:
             args += ["--rocketmq-listen", v2]
         proc = spawn([*args, "--store-overrides", SMALL_STORE, *flags], log_path)
-        b = BrokerProcess(proc, address, log_path, store_dir=store_dir, rocketmq_address=v2)
+        b = BrokerProcess(
+            proc,
+            address,
+            log_path,
+            store_dir=store_dir,
+            rocketmq_address=v2,
+            tls=tls,
+            credentials=credentials,
+        )
         started.append(b)
         b.wait_serving()
         return b

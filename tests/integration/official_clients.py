@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import tidemq
 from tests.integration.conftest import BrokerProcess, NameServerProcess
 from tests.integration.receive_sdk_helpers import _receive_n
 from tests.integration.rocketmq_v2 import shared_cluster
 from tests.integration.test_sdk import _routable
-from tests.interop.clients import ROOT, Event, OfficialClient, Program, Programs
+from tests.interop.clients import NODE, PYTHON, ROOT, Event, OfficialClient, Program, Programs
 from tests.waiting import wait_until
 
 QUEUES = 2
@@ -67,6 +69,19 @@ def v2_cluster(tmp: Path) -> Iterator[V2Cluster]:
         _routable(ns.address)
         with tidemq.Admin(ns.address) as admin:
             yield V2Cluster(ns, broker, broker.rocketmq_address, admin)
+
+
+# Fixtures for a test module to import: each official client in turn (a test using them runs
+# once per client), and the test's programs with that client.
+@pytest.fixture(name="client", params=[PYTHON, NODE], ids=lambda c: c.name)
+def client_fixture(request: pytest.FixtureRequest) -> OfficialClient:
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.fixture(name="programs")
+def programs_fixture(client: OfficialClient, tmp_path: Path) -> Iterator[Programs]:
+    with client_programs(client, tmp_path) as p:
+        yield p
 
 
 @contextmanager

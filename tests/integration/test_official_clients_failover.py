@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -29,8 +27,11 @@ from tests.integration.failover import (
     Group,
     group_fixture,  # noqa: F401 - the group fixture
 )
-from tests.integration.official_clients import client_programs
-from tests.interop.clients import NODE, PYTHON, Event, OfficialClient, Program, Programs
+from tests.integration.official_clients import (  # noqa: F401 - the fixtures
+    client_fixture,
+    programs_fixture,
+)
+from tests.interop.clients import PYTHON, Event, OfficialClient, Program, Programs
 
 pytestmark = pytest.mark.integration
 
@@ -49,17 +50,6 @@ PLAN = {
 }
 # Sends failed in a row after which the application replaces its Producer: never with Python.
 RENEW_PRODUCER_AFTER_FAILURES = {"python": 0, "node": 10}
-
-
-@pytest.fixture(params=[PYTHON, NODE], ids=lambda c: c.name)
-def client(request: pytest.FixtureRequest) -> OfficialClient:
-    return request.param  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def programs(client: OfficialClient, tmp_path: Path) -> Iterator[Programs]:
-    with client_programs(client, tmp_path) as p:
-        yield p
 
 
 def access_point(client: OfficialClient, v2: dict[int, str], master: int) -> str:

@@ -187,9 +187,12 @@ class Programs:
         self.client, self.tmp = client, tmp
         self.started: list[Program] = []
 
-    def start(self, program: str, plan: dict[str, Any]) -> Program:
+    def start(
+        self, program: str, plan: dict[str, Any], env: dict[str, str] | None = None
+    ) -> Program:
         command = self.client.command(program, plan)
-        p = Program(self.client, program, command, self.tmp / f"{program}-{len(self.started)}")
+        home = self.tmp / f"{program}-{len(self.started)}"
+        p = Program(self.client, program, command, home, env)
         self.started.append(p)
         return p
 
@@ -207,10 +210,14 @@ class Programs:
         return p.lines()
 
     def run(
-        self, program: str, plan: dict[str, Any], timeout_s: float = PROGRAM_TIMEOUT_S
+        self,
+        program: str,
+        plan: dict[str, Any],
+        timeout_s: float = PROGRAM_TIMEOUT_S,
+        env: dict[str, str] | None = None,
     ) -> list[Event]:
         """Runs a program that ends by itself, and returns its events."""
-        p = self.start(program, plan)
+        p = self.start(program, plan, env)
         p.wait_for("its end", lambda p: p.proc.poll() is not None, timeout_s)
         return p.finish(timeout_s)
 

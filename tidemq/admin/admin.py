@@ -31,6 +31,8 @@ from tidemq.errors import (
     from_rpc_error,
 )
 from tidemq.protos import broker_pb2, broker_pb2_grpc, common_pb2, nameserver_pb2
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings
 from tidemq.routes import AUTO_CREATE_TOPIC, NameServerClient, TopicRoute
 
 CALL_TIMEOUT_S = 10.0
@@ -60,8 +62,16 @@ class QueueStatus:
 
 
 class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters, AsyncDelayed, AsyncTransactions):
-    def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
-        self._channels = Channels()
+    def __init__(
+        self,
+        nameserver: str | Sequence[str] | None = None,
+        *,
+        tls: TlsSettings | bool | None = None,
+        credentials: Credentials | bool | None = None,
+    ) -> None:
+        """``tls`` and ``credentials`` as the clients' settings of those names
+        (docs/security.md)."""
+        self._channels = Channels(tls, credentials)
         self.nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
 
     async def close(self) -> None:
@@ -331,9 +341,15 @@ def _gone(route: TopicRoute | None) -> bool:
 class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions):
     """The blocking admin client; every method of ``AsyncAdmin``, waiting for the answer."""
 
-    def __init__(self, nameserver: str | Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        nameserver: str | Sequence[str] | None = None,
+        *,
+        tls: TlsSettings | bool | None = None,
+        credentials: Credentials | bool | None = None,
+    ) -> None:
         self._runner = LoopThread("tidemq-admin")
-        self._core: AsyncAdmin = AsyncAdmin(nameserver)
+        self._core: AsyncAdmin = AsyncAdmin(nameserver, tls=tls, credentials=credentials)
 
     def __enter__(self) -> Admin:
         return self

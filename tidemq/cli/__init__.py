@@ -31,6 +31,7 @@ from tidemq.cli import (
     topics,
     transactions,
 )
+from tidemq.cli.common import export_tls
 from tidemq.errors import TidemqError
 
 COMMANDS_GROUP = "tidemq.commands"
@@ -64,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.INFO if args.verbose else getattr(args, "log_level", logging.WARNING)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        export_tls(args)
         rc: int = args.func(args)
     except TidemqError as e:
         print(f"tidemq: {e}", file=sys.stderr)

@@ -7,6 +7,9 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings
+
 
 @dataclass(frozen=True)
 class ConsumerConfig:
@@ -28,6 +31,12 @@ class ConsumerConfig:
     # A broker group's master that failed a call is left alone this long: pulls, commits and
     # offset queries go to its slaves meanwhile, then the master is tried again.
     master_retry_ms: int = 10_000
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         problems = []

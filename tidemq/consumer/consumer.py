@@ -42,7 +42,7 @@ class AsyncConsumer:
             raise ValueError("at least one topic is required")
         self.config = ConsumerConfig(**settings)
         self.client_id = self.config.client_id or default_client_id()
-        self._channels = Channels()
+        self._channels = Channels(self.config.tls, self.config.credentials)
         self._nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
         self.routes = RouteCache(self._nameserver, self.config.route_refresh_ms / 1000)
         self._owned: dict[MessageQueue, QueueState] = {}

@@ -34,6 +34,8 @@ from tidemq.errors import (
     is_retriable,
 )
 from tidemq.protos import broker_pb2, broker_pb2_grpc
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings
 from tidemq.routes import NameServerClient, RouteCache
 from tidemq.types import ReceivedMessage
 
@@ -70,6 +72,8 @@ class ReceiveCalls:
             start_from=start_from_text(config.start_from),
             request_timeout_ms=config.request_timeout_ms,
             route_refresh_ms=config.route_refresh_ms,
+            tls=config.tls,
+            credentials=config.credentials,
         )
 
     def __init__(
@@ -82,6 +86,8 @@ class ReceiveCalls:
         start_from: str,
         request_timeout_ms: int,
         route_refresh_ms: int,
+        tls: TlsSettings | bool | None = None,
+        credentials: Credentials | bool | None = None,
     ) -> None:
         if not isinstance(group, str) or not group:
             raise ValueError("group is required")
@@ -90,7 +96,7 @@ class ReceiveCalls:
         self.client_id = client_id
         self.start_from = start_from
         self.request_timeout_s = request_timeout_ms / 1000
-        self._channels = Channels()
+        self._channels = Channels(tls, credentials)
         self._nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
         self.routes = RouteCache(self._nameserver, route_refresh_ms / 1000)
         self._next_target = 0

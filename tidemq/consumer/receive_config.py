@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tidemq.errors import InvalidArgumentError
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,12 @@ class SimpleConsumerConfig:
     # Acks, nacks and changes retry retriable errors (a failover, a busy broker) this long.
     request_timeout_ms: int = 10_000
     client_id: str = ""  # default: host@pid@random
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)
@@ -56,6 +64,12 @@ class PushConsumerConfig:
     # messages are then delivered again after their invisibility).
     shutdown_timeout_ms: int = 30_000
     client_id: str = ""
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings
+
 
 @dataclass(frozen=True)
 class ProducerConfig:
@@ -31,6 +34,12 @@ class ProducerConfig:
     # (docs/sdk.md, "Record blocks"). False sends them one protobuf message each, as
     # producers before blocks did: for brokers older than blocks (upgrade brokers first).
     record_blocks: bool = True
+    # TLS (docs/security.md): TlsSettings (a CA, and a client certificate for mutual TLS), True
+    # (the system's roots), False (plaintext), or None: the TIDEMQ_TLS_* variables decide.
+    tls: TlsSettings | bool | None = None
+    # Credentials (docs/security.md): every request is signed with this access key and secret
+    # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
+    credentials: Credentials | bool | None = None
 
     def __post_init__(self) -> None:
         problems = []

@@ -111,7 +111,7 @@ class AsyncProducer:
         self._started = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._channels = Channels()
+        self._channels = Channels(self.config.tls, self.config.credentials)
         self._nameserver = NameServerClient(self._nameservers, self._channels)
         # Routes older than three refresh periods are re-read before use (the refresher failed).
         self.routes = RouteCache(self._nameserver, 3 * self.config.route_refresh_ms / 1000)

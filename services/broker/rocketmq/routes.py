@@ -20,6 +20,8 @@ import grpc
 
 from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
 from tidemq.protos.rocketmq import definition_pb2
+from tidemq.protos.signing import Credentials
+from tidemq.protos.tls import TlsSettings, aio_channel
 from tidemq.services.broker.receive.dead_letter import is_dead_letter_topic
 from tidemq.services.broker.rocketmq.status import StatusError
 from tidemq.services.broker.topics import PERM_READ, PERM_WRITE
@@ -140,7 +142,11 @@ class RouteSource:
         nameservers: tuple[str, ...],
         own_route: Callable[[str], nameserver_pb2.QueryRouteResponse | None],
         zookeeper: ZooKeeperRegistry | None = None,
+        tls: TlsSettings | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
+        self.tls = tls
+        self.credentials = credentials
         self.nameservers = nameservers
         self.own_route = own_route
         self.zookeeper = zookeeper
@@ -163,7 +169,7 @@ class RouteSource:
         if stub is None:
             # Made on first use, in the loop that serves the calls (grpc.aio binds a channel
             # to the running loop).
-            channel = grpc.aio.insecure_channel(nameserver)
+            channel = aio_channel(nameserver, self.tls, credentials=self.credentials)
             self._channels.append(channel)
             stub = self._stubs[nameserver] = nameserver_pb2_grpc.NameServerStub(channel)
         return stub

@@ -10,6 +10,9 @@ import grpc
 
 from tidemq.protos import nameserver_pb2
 from tidemq.protos.rocketmq import service_pb2_grpc
+from tidemq.protos.tls import add_port
+from tidemq.services import tls_flags
+from tidemq.services.auth.on_the_wire import WireGuard
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.groups import GroupSettings, SubscriptionGroupManager
 from tidemq.services.broker.rocketmq.clients import V2Clients
@@ -34,6 +37,7 @@ class RocketMQListener:
         groups: SubscriptionGroupManager,
         role: RoleState,
         max_body_bytes: int,
+        guard: WireGuard | None = None,
     ) -> None:
         self.config = config
         self.clients = V2Clients(expiry_ms=config.client_expiry_ms)
@@ -72,7 +76,9 @@ class RocketMQListener:
             if config.zk_hosts and not config.nameservers
             else None
         )
-        self.routes = RouteSource(config.nameservers, own_route, zookeeper)
+        self.routes = RouteSource(
+            config.nameservers, own_route, zookeeper, config.client_tls, config.client_credentials
+        )
 
         def group_settings(group: str) -> GroupSettings | None:
             found = groups.get(group)
@@ -94,12 +100,19 @@ class RocketMQListener:
             ]
         )
         add_servicer(
-            service_pb2_grpc.add_MessagingServiceServicer_to_server, self.servicer, self.server
+            service_pb2_grpc.add_MessagingServiceServicer_to_server,
+            self.servicer,
+            self.server,
+            guard,
         )
         self.bound_port = 0
 
     async def start(self) -> None:
-        self.bound_port = self.server.add_insecure_port(self.config.rocketmq_listen)
+        tls = self.config.tls
+        tls_flags.warn_if_exposed(
+            "the RocketMQ 5 listener", self.config.rocketmq_listen, tls, self.config.acl_file
+        )
+        self.bound_port = add_port(self.server, self.config.rocketmq_listen, tls)
         if not self.bound_port:
             raise OSError(f"cannot listen on {self.config.rocketmq_listen}")
         await self.routes.start()

@@ -20,14 +20,21 @@ function log(level) {
 
 const logger = { info: log('INFO'), warn: log('WARN'), error: log('ERROR'), debug: () => {} };
 
-// The access point ("host:port[;host:port]"), no credentials, the plan's request timeout.
+// The access point ("host:port[;host:port]"), the plan's credentials (access_key/secret_key;
+// none without them), TLS when the plan says (trusting GRPC_DEFAULT_SSL_ROOTS_FILE_PATH's CA),
+// and the plan's request timeout.
 function clientOptions(plan) {
-  return {
+  const options = {
     endpoints: plan.endpoints,
     namespace: '',
     requestTimeout: (plan.request_timeout_s ?? 3) * 1000,
+    sslEnabled: plan.tls === true,
     logger,
   };
+  if (plan.access_key) {
+    options.sessionCredentials = { accessKey: plan.access_key, accessSecret: plan.secret_key };
+  }
+  return options;
 }
 
 // What an application reads of a received message (a MessageView).

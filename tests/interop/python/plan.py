@@ -27,13 +27,19 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def configuration(plan: dict[str, Any]) -> Any:
-    """The access point (``endpoints``: "host:port[;host:port]"), no credentials."""
+    """The access point (``endpoints``: "host:port[;host:port]"), with the plan's credentials
+    (``access_key``/``secret_key``; none without them)."""
     return ClientConfiguration(
         plan["endpoints"],
-        Credentials(),
+        Credentials(plan.get("access_key", ""), plan.get("secret_key", "")),
         namespace="",
         request_timeout=plan.get("request_timeout_s", 3),
     )
+
+
+def tls_enable(plan: dict[str, Any]) -> bool:
+    """``tls``: the client's TLS switch; it trusts the CA in GRPC_DEFAULT_SSL_ROOTS_FILE_PATH."""
+    return bool(plan.get("tls", False))
 
 
 def wall_ms() -> int:

@@ -18,7 +18,14 @@ from typing import Any
 
 from rocketmq import Message, Producer, TransactionChecker, TransactionResolution
 
-from tests.interop.python.plan import configuration, emit, error_json, message_json, read_plan
+from tests.interop.python.plan import (
+    configuration,
+    emit,
+    error_json,
+    message_json,
+    read_plan,
+    tls_enable,
+)
 
 RESOLUTIONS = {"commit": TransactionResolution.COMMIT, "rollback": TransactionResolution.ROLLBACK}
 
@@ -74,7 +81,7 @@ def main() -> None:
     plan = read_plan()
     topic = plan["topic"]
     checker = Checker(plan.get("checker", "commit"))
-    producer = Producer(configuration(plan), (topic,), checker=checker)
+    producer = Producer(configuration(plan), (topic,), checker=checker, tls_enable=tls_enable(plan))
     producer.startup()
     try:
         for spec in plan["messages"]:

@@ -16,7 +16,14 @@ from typing import Any
 
 from rocketmq import FilterExpression, SimpleConsumer
 
-from tests.interop.python.plan import configuration, emit, error_json, message_json, read_plan
+from tests.interop.python.plan import (
+    configuration,
+    emit,
+    error_json,
+    message_json,
+    read_plan,
+    tls_enable,
+)
 
 
 def handle(consumer: Any, n: int, step: dict[str, Any], m: Any) -> None:
@@ -50,7 +57,11 @@ def main() -> None:
     plan = read_plan()
     subscription = {plan["topic"]: FilterExpression(plan.get("tag", "*"))}
     consumer = SimpleConsumer(
-        configuration(plan), plan["group"], subscription, await_duration=plan.get("await_s", 5)
+        configuration(plan),
+        plan["group"],
+        subscription,
+        await_duration=plan.get("await_s", 5),
+        tls_enable=tls_enable(plan),
     )
     consumer.startup()
     try:
