@@ -212,6 +212,10 @@ class TlsSettings:
         if bool(self.cert_file) != bool(self.key_file):
             raise TlsConfigError("a client certificate needs both cert_file and key_file")
         _check_readable(self.ca_file, self.cert_file, self.key_file)
+        if self.cert_file:
+            _check_pair(self.cert_file, self.key_file)
+        if self.ca_file:
+            _check_ca(_read(self.ca_file, "CA file"), self.ca_file)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TlsSettings | None:
@@ -225,12 +229,11 @@ class TlsSettings:
         return cls(*values)
 
     def credentials(self) -> grpc.ChannelCredentials:
+        """The files as they are now (checked when the settings were made: a pair caught in
+        the middle of a rotation fails that one handshake, retried as any unreachable server)."""
         ca = _read(self.ca_file, "CA file") if self.ca_file else None
-        if ca is not None:
-            _check_ca(ca, self.ca_file)
         key = cert = None
         if self.cert_file:
-            _check_pair(self.cert_file, self.key_file)
             cert = _read(self.cert_file, "certificate")
             key = _read(self.key_file, "key")
         return grpc.ssl_channel_credentials(ca, key, cert)

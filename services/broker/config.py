@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import tomllib
 from collections.abc import Callable
@@ -238,8 +239,11 @@ class BrokerConfig:
         if problems:
             raise ConfigError("invalid broker config: " + "; ".join(problems))
 
-    @property
+    @functools.cached_property
     def tls(self) -> ServerTls | None:
+        """Checked once, with the config: the files are re-read when they change by the
+        server's reloader and each new channel, never checked again here (a rotation in
+        progress must not fail a registration round)."""
         return ServerTls.from_settings(
             self.tls_cert_file, self.tls_key_file, self.tls_ca_file, self.tls_client_auth
         )
@@ -260,7 +264,7 @@ class BrokerConfig:
             return Credentials(self.access_key, self.secret_key or os.environ[ENV_SECRET_KEY])
         return Credentials.from_env()
 
-    @property
+    @functools.cached_property
     def client_tls(self) -> TlsSettings | None:
         """How the broker calls nameservers and its master: with its own certificate."""
         tls = self.tls

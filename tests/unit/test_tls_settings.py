@@ -158,3 +158,20 @@ def test_exposed_listeners_are_warned_about_and_loopback_ones_are_not(
     assert only.startswith("broker-0.tidemq:10911 in plaintext")
     [only] = warnings("10.0.0.5:10911", served, "")
     assert only.startswith("10.0.0.5:10911 without an ACL file")
+
+
+def test_a_rotation_in_progress_never_fails_the_brokers_own_calls(
+    first: Issued, second: Issued, tmp_path: Path
+) -> None:
+    served = _serve_from(first, tmp_path / "live")
+    cfg = BrokerConfig(
+        store_dir=str(tmp_path), tls_cert_file=served.cert_file, tls_key_file=served.key_file
+    )
+    client = cfg.client_tls
+    assert client is not None
+    _replace(second.key_file, served.key_file)  # the key first: a moment of mismatch
+    # Checked once with the config: the registration and sync rounds keep making channels.
+    assert cfg.client_tls is client and cfg.tls is not None
+    assert client.credentials() is not None
+    with pytest.raises(TlsConfigError, match="not a PEM certificate and its private key"):
+        TlsSettings(cert_file=served.cert_file, key_file=served.key_file)  # a new client's check
