@@ -3,6 +3,7 @@ value set once."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
@@ -50,11 +51,20 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS))
 def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
-    """The values, the objects, and the brokers' broker.toml as a file (as pods mount it)."""
+    """The values, the objects, and the brokers' broker.toml as a file (as pods mount it), with
+    the Secrets it names (the TLS files, the ACL file) written beside it as their volumes are."""
     values = VALUE_SETS[request.param]
     objects = render(values)
-    toml = tmp_path_factory.mktemp(request.param) / "broker.toml"
-    toml.write_text(
-        of_kind(objects, "ConfigMap")[f"{RELEASE}-tidemq-broker"]["data"]["broker.toml"]
-    )
+    directory = tmp_path_factory.mktemp(request.param)
+    text = of_kind(objects, "ConfigMap")[f"{RELEASE}-tidemq-broker"]["data"]["broker.toml"]
+    for secret, mount in ((f"{RELEASE}-tidemq-tls", "tls"), (f"{RELEASE}-tidemq-acl", "acl")):
+        found = of_kind(objects, "Secret").get(secret)
+        if found is None:
+            continue
+        (directory / mount).mkdir()
+        for key, value in found["data"].items():
+            (directory / mount / key).write_bytes(base64.b64decode(value))
+        text = text.replace(f"/etc/tidemq/{mount}/", f"{directory / mount}/")
+    toml = directory / "broker.toml"
+    toml.write_text(text)
     return values, objects, toml

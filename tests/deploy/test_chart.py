@@ -149,6 +149,8 @@ def test_broker_toml_and_flags_make_a_valid_broker_config(rendered: Rendered) ->
         for ordinal in range(1 + broker.get("slavesPerGroup", 1)):
             args = pod_flags(sts, ordinal, toml)
             args[args.index("--advertise") + 1] = f"pod-{ordinal}.example:10911"
+            if "--metrics-listen" in args:
+                args[args.index("--metrics-listen") + 1] = "10.0.0.7:9108"  # $(POD_IP)
             parsed = vars(cli.build_parser().parse_args(args))
             keys = {f.name for f in dataclasses.fields(broker_config.BrokerConfig)}
             cfg = broker_config.load(str(toml), {k: parsed[k] for k in keys if k in parsed})

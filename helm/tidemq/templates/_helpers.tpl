@@ -99,6 +99,89 @@ podAntiAffinity:
   {{- end }}
 {{- end -}}
 
+{{/* Security (docs/security.md): where the TLS files and the ACL file are, and in which Secrets. */}}
+{{- define "tidemq.tlsSecret" -}}
+{{- default (printf "%s-tls" (include "tidemq.fullname" .)) .Values.tls.existingSecret -}}
+{{- end -}}
+
+{{- define "tidemq.aclSecret" -}}
+{{- default (printf "%s-acl" (include "tidemq.fullname" .)) .Values.acl.existingSecret -}}
+{{- end -}}
+
+{{- define "tidemq.tlsDir" -}}/etc/tidemq/tls{{- end -}}
+{{- define "tidemq.aclDir" -}}/etc/tidemq/acl{{- end -}}
+
+{{/* The server flags of TLS and the ACL file (nameservers; brokers take them in broker.toml). */}}
+{{- define "tidemq.securityArgs" -}}
+{{- if .Values.tls.enabled }}
+- --tls-cert-file
+- {{ include "tidemq.tlsDir" . }}/tls.crt
+- --tls-key-file
+- {{ include "tidemq.tlsDir" . }}/tls.key
+- --tls-ca-file
+- {{ include "tidemq.tlsDir" . }}/ca.crt
+{{- end }}
+{{- if .Values.acl.enabled }}
+- --acl-file
+- {{ include "tidemq.aclDir" . }}/plain_acl.yml
+{{- end }}
+{{- end -}}
+
+{{- define "tidemq.securityMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "tidemq.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- if .Values.acl.enabled }}
+- name: acl
+  mountPath: {{ include "tidemq.aclDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* Secret volumes: a rotated certificate or an edited ACL reaches the mounted files, which the
+servers re-read; no restart. */}}
+{{- define "tidemq.securityVolumes" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "tidemq.tlsSecret" . }}
+{{- end }}
+{{- if .Values.acl.enabled }}
+- name: acl
+  secret:
+    secretName: {{ include "tidemq.aclSecret" . }}
+    items:
+      - key: plain_acl.yml
+        path: plain_acl.yml
+{{- end }}
+{{- end -}}
+
+{{/* A health probe on a port. Args: root, probe values, port. Kubernetes' own gRPC probe cannot
+speak TLS: with TLS on, the probe runs `tidemq health` in the container instead. */}}
+{{- define "tidemq.probe" -}}
+{{- if .root.Values.tls.enabled -}}
+exec:
+  command:
+    - python
+    - -m
+    - tidemq.cli
+    - health
+    - "127.0.0.1:{{ .port }}"
+    - --tls-ca-file
+    - {{ include "tidemq.tlsDir" .root }}/ca.crt
+{{- with .probe.initialDelaySeconds }}
+initialDelaySeconds: {{ . }}
+{{- end }}
+periodSeconds: {{ .probe.periodSeconds }}
+timeoutSeconds: {{ .probe.timeoutSeconds }}
+failureThreshold: {{ .probe.failureThreshold }}
+{{- else -}}
+{{- include "tidemq.grpcProbe" . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* A gRPC health probe on a port. Args: probe values, port. */}}
 {{- define "tidemq.grpcProbe" -}}
 grpc:
