@@ -135,7 +135,8 @@ class Guard:
             )
         account = acl.accounts.get(auth.access_key)
         if account is None:
-            raise _unauthenticated("unknown_key", f"unknown access key {auth.access_key!r}")
+            # The caller's text, echoed in the log and the answer: cut to a sane length.
+            raise _unauthenticated("unknown_key", f"unknown access key {auth.access_key[:64]!r}")
         if account.white_listed(caller.ip) or acl.globally_white_listed(caller.ip):
             return Who(account=account)
         date_time = caller.metadata.get(signing.DATE_TIME_KEY, "")

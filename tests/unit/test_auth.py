@@ -226,6 +226,9 @@ def test_who_a_caller_is_and_why_not() -> None:
     assert refused({}) == ("UNAUTHENTICATED", "no_credentials")
     assert refused(_signed(sk="wrong-secret")) == ("UNAUTHENTICATED", "bad_signature")
     assert refused(_signed(ak="nobody")) == ("UNAUTHENTICATED", "unknown_key")
+    with pytest.raises(Refusal) as e:
+        guard.check(PULL, Caller("10.0.0.1", _signed(ak="x" * 900)), pull)
+    assert len(str(e.value)) < 120  # a caller's access key is cut, not echoed whole
     assert refused(_signed(at=DATE_S - 3600)) == ("UNAUTHENTICATED", "stale_date")
     assert refused(_signed(at=DATE_S + 3600)) == ("UNAUTHENTICATED", "stale_date")
     assert refused({"authorization": "Basic x"}) == ("UNAUTHENTICATED", "malformed")
