@@ -124,6 +124,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self, TypeVar
 
+from tidemq.protos.wire import varint
+
 T = TypeVar("T")
 _RefT = TypeVar("_RefT")
 TupleT = TypeVar("TupleT", bound=tuple[Any, ...])
@@ -988,15 +990,6 @@ _BLOCKS_TAG = bytes(((8 << 3) | 2,))
 _QUEUE_ID_TAG, _RECORDS_TAG, _COUNT_TAG, _FIRST_SEQUENCE_TAG = 0x08, 0x12, 0x18, 0x20
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def encode_send_request(head: bytes, blocks: Sequence[tuple[int, bytes, int, int]]) -> bytes:
     """A SendMessageRequest as sent: ``head`` (the request without its blocks, serialized by
     protobuf) followed by one ``blocks`` entry per (queue id, records, count, first sequence),
@@ -1010,16 +1003,16 @@ def encode_send_request(head: bytes, blocks: Sequence[tuple[int, bytes, int, int
         fields = b"".join(
             (
                 bytes((_QUEUE_ID_TAG,)),
-                _varint(queue_id),
+                varint(queue_id),
                 bytes((_COUNT_TAG,)),
-                _varint(count),
+                varint(count),
                 bytes((_FIRST_SEQUENCE_TAG,)),
-                _varint(first_sequence),
+                varint(first_sequence),
                 bytes((_RECORDS_TAG,)),
-                _varint(len(records)),
+                varint(len(records)),
             )
         )
-        parts += (_BLOCKS_TAG, _varint(len(fields) + len(records)), fields, records)
+        parts += (_BLOCKS_TAG, varint(len(fields) + len(records)), fields, records)
     return b"".join(parts)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tidemq.protos import broker_pb2
+from tidemq.protos.wire import varint
 from tidemq.services.broker.convert import to_proto
 from tidemq.storage import GetResult, MessageStore
 from tidemq.storage.errors import OffsetBelowMinError, OffsetBeyondMaxError
@@ -116,21 +117,12 @@ async def read_records_answer(store: MessageStore, want: PullRange) -> PullAnswe
     ).SerializeToString()
     # The records field written by hand after the scalars (protobuf merges concatenated
     # encodings): one copy of the records into the answer instead of two.
-    encoded = b"".join((scalars, _RECORDS_TAG, _varint(len(got.records)), got.records))
+    encoded = b"".join((scalars, _RECORDS_TAG, varint(len(got.records)), got.records))
     return PullAnswer(status, got.count, len(got.records), encoded)
 
 
 # PullMessageResponse.records: field 7, wire type 2 (length-delimited).
 _RECORDS_TAG = bytes(((7 << 3) | 2,))
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _slice(
