@@ -62,6 +62,9 @@ class StoreParts:
         self.put_lock = threading.Lock()
         # Re-entrant: truncation holds it while writing the checkpoint, which takes it too.
         self.dispatch_lock = threading.RLock()
+        # ``dispatch_held`` blocks open: puts leave their records undispatched meanwhile (the
+        # lock alone would not stop a put in the holding thread, it is re-entrant).
+        self.dispatch_holds = 0
         self.flush_lock = threading.Lock()
         self.open = False
         # What stopped the store accepting writes (a failed flush, dispatch or housekeeping).

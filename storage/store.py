@@ -277,8 +277,13 @@ class MessageStore:
         """Keep the dispatch thread (and the checkpoint, retention and truncation, which take the
         same lock) waiting while the block runs; ``dispatch_now`` in the block still works. For
         benchmarks and tests that measure or stage appends and dispatch apart."""
-        with self._parts.dispatch_lock:
-            yield
+        p = self._parts
+        with p.dispatch_lock:
+            p.dispatch_holds += 1
+            try:
+                yield
+            finally:
+                p.dispatch_holds -= 1
 
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
         self._parts.dispatcher.listeners.append(listener)

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from tidemq.services import tls_flags
+from tidemq.services.allocator import retain_freed_memory
 from tidemq.services.auth import flags as auth_flags
 from tidemq.services.broker import config as broker_config
 from tidemq.services.broker import repair
@@ -366,5 +367,6 @@ def run(args: argparse.Namespace) -> int:
     # the switch interval; at the default 5 ms, several such waits in a row showed up as tens of
     # milliseconds of replication lag.
     sys.setswitchinterval(0.001)
+    retain_freed_memory(cfg.allocator_retain_bytes)
     asyncio.run(serve(cfg))
     return 0

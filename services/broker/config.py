@@ -51,6 +51,9 @@ class BrokerConfig:
     # client asks; a single record larger than this still comes, alone. At most
     # max_request_bytes, which is also gRPC's limit on what the broker sends.
     max_pull_response_bytes: int = 4 << 20
+    # Freed memory the process keeps for reuse (services/allocator.py): large answers and
+    # requests then reuse pages instead of faulting fresh ones in. 0: the C library's defaults.
+    allocator_retain_bytes: int = 256 << 20
     # Admission (docs/operations.md, "Load limits"). Each client connection runs at most this
     # many requests, and this many bytes of them (request bytes; for a pull, the answer it may
     # get), at once; a request alone always runs. The rest wait their turn, up to the waiting
@@ -209,6 +212,8 @@ class BrokerConfig:
                 problems.append(f"{name} must be > 0")
         if self.max_bytes_per_second_per_connection < 0:
             problems.append("max_bytes_per_second_per_connection must be >= 0")
+        if self.allocator_retain_bytes < 0:
+            problems.append("allocator_retain_bytes must be >= 0")
         if self.max_pull_response_bytes > self.max_request_bytes:
             problems.append("max_pull_response_bytes must be <= max_request_bytes")
         if self.config_full_sync_interval_ms < self.config_sync_interval_ms:

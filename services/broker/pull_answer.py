@@ -30,7 +30,16 @@ class PullAnswer:
     status: int  # broker_pb2.PullStatus
     messages: int
     message_bytes: int  # record bytes, as stored
-    encoded: bytes  # the PullMessageResponse on the wire
+    # The PullMessageResponse on the wire, in pieces: joined once, with whatever the handler
+    # adds, since each copy of a 4 MiB answer is a millisecond of the event loop.
+    parts: list[bytes]
+
+    def encoded(self, *more: bytes) -> bytes:
+        """The answer on the wire, followed by ``more`` (further encoded fields: protobuf merges
+        concatenated encodings of a message)."""
+        if not more and len(self.parts) == 1:
+            return self.parts[0]
+        return b"".join((*self.parts, *more))
 
 
 @dataclass(frozen=True)
@@ -86,7 +95,7 @@ async def read_answer(store: MessageStore, want: PullRange) -> PullAnswer | None
         status=status, next_offset=next_offset, min_offset=lo, max_offset=hi
     )
     parts.append(scalars.SerializeToString())
-    return PullAnswer(status, count, total, b"".join(parts))
+    return PullAnswer(status, count, total, parts)
 
 
 async def read_records_answer(store: MessageStore, want: PullRange) -> PullAnswer | None:
@@ -117,8 +126,8 @@ async def read_records_answer(store: MessageStore, want: PullRange) -> PullAnswe
     ).SerializeToString()
     # The records field written by hand after the scalars (protobuf merges concatenated
     # encodings): one copy of the records into the answer instead of two.
-    encoded = b"".join((scalars, _RECORDS_TAG, varint(len(got.records)), got.records))
-    return PullAnswer(status, got.count, len(got.records), encoded)
+    parts = [scalars, _RECORDS_TAG, varint(len(got.records)), got.records]
+    return PullAnswer(status, got.count, len(got.records), parts)
 
 
 # PullMessageResponse.records: field 7, wire type 2 (length-delimited).
@@ -158,4 +167,4 @@ def _bare(status: int, next_offset: int, lo: int, hi: int) -> PullAnswer:
     answer = broker_pb2.PullMessageResponse(
         status=status, next_offset=next_offset, min_offset=lo, max_offset=hi
     )
-    return PullAnswer(status, 0, 0, answer.SerializeToString())
+    return PullAnswer(status, 0, 0, [answer.SerializeToString()])

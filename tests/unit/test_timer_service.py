@@ -293,7 +293,7 @@ def test_a_timer_due_before_dispatch_published_its_record_is_fired_once_it_has(
     its record is readable: it waits for a later tick, it is not dropped."""
     wire = common_pb2.Message(topic="orders", queue_id=1, body=b"soon", delay_ms=5)
     batch = [Message("orders", b"soon", 1, None, (), {})]
-    with broker.store._parts.dispatch_lock:  # dispatch lags behind the put
+    with broker.store.dispatch_held():  # dispatch lags behind the put
         delayed = broker.service.scheduling.prepare([wire], batch, NOW)
         assert delayed
         put = broker.store.put_messages(batch)

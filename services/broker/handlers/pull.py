@@ -64,10 +64,10 @@ class PullHandler:
             )
         epoch = self._log_epoch() if self._log_epoch is not None else 0
         if not epoch:
-            return answer.encoded
+            return answer.encoded()
         # Read after the records, so an answer never pairs an older epoch with records of a
         # log cut back since; appended as its own field (protobuf merges concatenated messages).
-        return answer.encoded + broker_pb2.PullMessageResponse(log_epoch=epoch).SerializeToString()
+        return answer.encoded(broker_pb2.PullMessageResponse(log_epoch=epoch).SerializeToString())
 
     async def _pull(self, request: Any) -> PullAnswer:
         checks = self.checks
@@ -112,7 +112,7 @@ class PullHandler:
                     min_offset=self.store.min_offset(topic, qid),
                     max_offset=self.store.max_offset(topic, qid),
                 )
-                return PullAnswer(no_new.status, 0, 0, no_new.SerializeToString())
+                return PullAnswer(no_new.status, 0, 0, [no_new.SerializeToString()])
             metrics = self.metrics
             waiting = metrics.long_poll() if metrics is not None else contextlib.nullcontext()
             # A parked poll costs nothing: its connection's other calls run meanwhile.
