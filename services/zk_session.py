@@ -20,6 +20,8 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.retry import KazooRetry
 from kazoo.security import make_acl, make_digest_acl
 
+from tidemq.protos.tls import TlsSettings
+
 # kazoo's own default grows the pause between reconnection rounds up to an hour; a nameserver
 # must notice a restarted ZooKeeper within seconds.
 RECONNECT_MAX_DELAY_S = 2.0
@@ -27,15 +29,33 @@ RECONNECT_MAX_DELAY_S = 2.0
 ZK_ERRORS = (KazooException, KazooTimeoutError)
 
 
-def new_client(hosts: str, session_timeout_ms: int, digest: tuple[str, str] | None = None) -> Any:
+def new_client(
+    hosts: str,
+    session_timeout_ms: int,
+    digest: tuple[str, str] | None = None,
+    tls: TlsSettings | None = None,
+) -> Any:
     """A kazoo client that keeps reconnecting, at most ``RECONNECT_MAX_DELAY_S`` apart. With
     ``digest`` (user, password) it authenticates as that identity and creates every znode with
     an ACL that lets only that identity change it, and anyone read it (nameservers read the
-    registry without credentials)."""
+    registry without credentials). With ``tls`` it speaks TLS to ZooKeeper's secure client
+    port: the server's certificate must chain to ``tls.ca_file`` and name the host dialled, and
+    the client presents its own certificate (the process's, when it has one), which a server
+    with ``ssl.clientAuth=need`` requires. The files are read at each connection, so a rotated
+    certificate is used from the next reconnection on."""
     auth: dict[str, Any] = {}
+    if tls is not None:
+        auth.update(
+            use_ssl=True,
+            ca=tls.ca_file or None,
+            certfile=tls.cert_file or None,
+            keyfile=tls.key_file or None,
+            verify_certs=True,
+            check_hostname=True,
+        )
     if digest is not None:
         user, password = digest
-        auth = {
+        auth |= {
             "auth_data": [("digest", f"{user}:{password}")],
             "default_acl": [
                 make_digest_acl(user, password, all=True),

@@ -100,6 +100,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         "(@FILE: a file holding it, kept out of the process list)",
     )
     p.add_argument(
+        "--zk-tls",
+        action="store_true",
+        default=None,
+        help="speak TLS to ZooKeeper's secure client port, with the broker's own certificate "
+        "(--tls-cert-file, --tls-key-file) and trusting --tls-ca-file",
+    )
+    p.add_argument(
         "--zk-session-timeout-ms",
         type=int,
         metavar="N",
@@ -321,6 +328,7 @@ def run(args: argparse.Namespace) -> int:
         "zk_root",
         "zk_session_timeout_ms",
         "zk_auth",
+        "zk_tls",
         "metrics_listen",
         "rocketmq_listen",
         "rocketmq_advertise",

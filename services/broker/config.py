@@ -85,6 +85,9 @@ class BrokerConfig:
     # digest:USER:PASSWORD or @FILE holding it (docs/security.md): the broker writes its znodes
     # as this ZooKeeper identity, which alone may change them; empty: open znodes.
     zk_auth: str = field(default="", repr=False)
+    # Speak TLS to ZooKeeper's secure client port, as the broker speaks to nameservers: its
+    # server must chain to tls_ca_file, and the broker presents its own certificate.
+    zk_tls: bool = False
     # Replication (docs/replication.md): chunks, reports, heartbeats and idle links, SYNC_MASTER
     # acknowledgements, the in-sync lag bound and confirm_offset. A [replication] table in TOML.
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
@@ -254,6 +257,11 @@ class BrokerConfig:
         )
 
     @property
+    def zk_client_tls(self) -> TlsSettings | None:
+        """How the broker dials ZooKeeper: over TLS with its own certificate (zk_tls), or not."""
+        return self.client_tls if self.zk_tls else None
+
+    @property
     def zk_digest(self) -> tuple[str, str] | None:
         return zk_format.parse_auth(self.zk_auth) if self.zk_auth else None
 
@@ -306,6 +314,14 @@ class BrokerConfig:
         ]
         if self.zk_auth:
             checks.append(lambda: zk_format.parse_auth(self.zk_auth))
+        problems = []
+        if self.zk_tls and not self.zk_hosts:
+            problems.append("zk_tls needs ZooKeeper (zk_hosts)")
+        if self.zk_tls and not self.tls_ca_file:
+            problems.append(
+                "zk_tls needs the broker's TLS (tls_cert_file, tls_key_file and the "
+                "tls_ca_file ZooKeeper's certificate chains to)"
+            )
         if self.zk_hosts:
             checks.append(lambda: zk_format.check_hosts(self.zk_hosts))
             checks.append(
@@ -313,7 +329,6 @@ class BrokerConfig:
                     self.zk_root, self.cluster, self.broker_name, self.broker_id
                 )
             )
-        problems = []
         for check in checks:
             try:
                 check()

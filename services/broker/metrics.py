@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
-from prometheus_client.exposition import start_http_server
 
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig
@@ -30,6 +27,7 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.metrics_state import RetentionCollector, StateCollector
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.topics import TopicManager
+from tidemq.services.metrics_endpoint import MetricsEndpoint, auth_refusals_counter
 from tidemq.storage import Message, MessageStore
 
 log = logging.getLogger(__name__)
@@ -74,14 +72,7 @@ class BrokerMetrics:
             ["method", "code"],
             registry=r,
         )
-        self.auth_refusals = Counter(
-            "tidemq_auth_refusals",
-            "Calls refused by authentication or permissions (docs/security.md), by method and "
-            "reason (no_credentials, malformed, unknown_key, stale_date, bad_signature, denied, "
-            "not_a_broker, wrong_identity)",
-            ["method", "reason"],
-            registry=r,
-        )
+        self.auth_refusals = auth_refusals_counter(r)
         self.send_messages = Counter(
             "tidemq_send_messages",
             "Messages stored by SendMessage, by topic and SendStatus",
@@ -166,8 +157,7 @@ class BrokerMetrics:
         r.register(RetentionCollector(store))
         # The standard process_* series (CPU, memory, open files), as every exporter has them.
         ProcessCollector(registry=r)
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
+        self.endpoint = MetricsEndpoint(r)
 
     # ------------------------------------------------------------------ servicer hooks
     def auth_refused(self, method: str, reason: str) -> None:
@@ -227,19 +217,7 @@ class BrokerMetrics:
     # ------------------------------------------------------------------ HTTP endpoint
     def serve(self, listen: str) -> int:
         """Expose ``/metrics`` on ``listen`` (HOST:PORT) in a daemon thread; the bound port."""
-        host, _, port = listen.rpartition(":")
-        self._server, self._thread = start_http_server(
-            int(port), addr=host.strip("[]"), registry=self.registry
-        )
-        bound: int = self._server.server_address[1]
-        return bound
+        return self.endpoint.serve(listen)
 
     def stop(self) -> None:
-        """Stop serving; blocks until the server thread has left its loop."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join()
+        self.endpoint.stop()

@@ -43,6 +43,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 
 from tidemq.protos import nameserver_pb2
+from tidemq.protos.tls import TlsSettings
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.role import RoleState
@@ -141,8 +142,10 @@ class ZkRegistration(KazooLoopBridge):
         session_timeout_ms: int,
         node: Callable[[], tuple[str, bytes]],
         digest: tuple[str, str] | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
         self.hosts = hosts
+        self.tls = tls  # ZooKeeper over TLS, with the broker's own certificate (zk_tls)
         self.session_timeout_ms = session_timeout_ms
         self.digest = digest  # the ZooKeeper identity its znodes belong to (zk_auth)
         # Called on the loop: it reads the topic table and the role. The path moves when the
@@ -174,7 +177,11 @@ class ZkRegistration(KazooLoopBridge):
 
         try:
             registration = cls(
-                config.zk_hosts, config.zk_session_timeout_ms, node, config.zk_digest
+                config.zk_hosts,
+                config.zk_session_timeout_ms,
+                node,
+                config.zk_digest,
+                config.zk_client_tls,
             )
         except (ServiceError, zk_format.ZnodeDataError) as e:
             # Fail now, loudly, rather than run a broker no nameserver will ever route to.
@@ -190,7 +197,7 @@ class ZkRegistration(KazooLoopBridge):
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._client = new_client(self.hosts, self.session_timeout_ms, self.digest)
+        self._client = new_client(self.hosts, self.session_timeout_ms, self.digest, self.tls)
         self._client.add_listener(self._on_session_event)
         self._task = asyncio.create_task(self._run(), name="zk-registration")
         # Not waiting for the connection: the broker serves while ZooKeeper is away, and

@@ -17,9 +17,11 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, ProcessCollector
 
 from tidemq.protos import nameserver_pb2, nameserver_pb2_grpc
 from tidemq.protos.tls import ServerTls, TlsConfigError, add_port
@@ -29,6 +31,7 @@ from tidemq.services.auth.acl import AclFileError
 from tidemq.services.auth.on_the_wire import wire_guard
 from tidemq.services.dev import die_with_parent
 from tidemq.services.errors import add_servicer
+from tidemq.services.metrics_endpoint import MetricsEndpoint, auth_refusals_counter
 from tidemq.services.nameserver import zk_format
 from tidemq.services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig, Registry
 from tidemq.services.nameserver.servicer import NameServerServicer, parse_host_port
@@ -61,18 +64,22 @@ async def serve(
     tls: ServerTls | None = None,
     acl_path: str = "",
     max_clock_skew_ms: int = auth_flags.DEFAULT_MAX_CLOCK_SKEW_MS,
+    metrics_listen: str = "",
 ) -> None:
     """Serve until ``stop`` is set; without one, until SIGTERM or SIGINT.
 
     With ``zk_config`` the routes come from ZooKeeper and ``registry_config`` must be None.
     Port 0 in ``listen`` binds any free port; the bound address is logged either way. With
     ``tls`` the port serves TLS only. With ``acl_path`` (or mutual TLS) calls are checked as
-    docs/security.md says.
+    docs/security.md says. With ``metrics_listen`` (HOST:PORT) Prometheus ``/metrics`` is served
+    there: the refused calls (``tidemq_auth_refusals_total``) and the process's own series.
     """
     try:
         host, _ = parse_host_port(listen, allow_port_zero=True)
+        if metrics_listen:
+            parse_host_port(metrics_listen, allow_port_zero=True)
     except ValueError as e:
-        raise StartupError(f"--listen {e}") from None
+        raise StartupError(f"--listen or --metrics-listen {e}") from None
     tls_flags.warn_if_exposed("the nameserver", listen, tls, acl_path)
 
     registry: Registry
@@ -92,12 +99,16 @@ async def serve(
             f"scan every {embedded.config.scan_interval_ms} ms"
         )
     server = grpc.aio.server()
+    metrics = CollectorRegistry()
+    refusals = auth_refusals_counter(metrics)
+    ProcessCollector(registry=metrics)
     try:
         guard = wire_guard(
             acl_path=acl_path,
             brokers_by_certificate=tls is not None and tls.client_auth == "require",
             max_clock_skew_ms=max_clock_skew_ms,
             own_group=None,
+            on_refused=lambda method, reason: refusals.labels(method, reason).inc(),
         )
     except AclFileError as e:
         raise StartupError(str(e)) from None
@@ -118,6 +129,14 @@ async def serve(
         await server.stop(None)
         raise StartupError(f"cannot listen on {listen}: {e}") from None
 
+    endpoint = MetricsEndpoint(metrics)
+    if metrics_listen:
+        try:
+            metrics_port = endpoint.serve(metrics_listen)
+        except OSError as e:
+            await server.stop(None)
+            raise StartupError(f"cannot serve metrics on {metrics_listen}: {e}") from None
+        log.info("metrics on http://%s/metrics (port %d)", metrics_listen, metrics_port)
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT) if stop is None else ()
     stop = stop or asyncio.Event()
@@ -140,6 +159,7 @@ async def serve(
         await health_servicer.enter_graceful_shutdown()
         await server.stop(grace_period_s)
         await registry.stop()
+        await loop.run_in_executor(None, endpoint.stop)
     log.info("nameserver stopped")
 
 
@@ -188,18 +208,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"with --zk: the registry's root znode (default {zk_format.DEFAULT_ROOT})",
     )
     parser.add_argument(
+        "--zk-tls",
+        action="store_true",
+        help="with --zk: speak TLS to ZooKeeper's secure client port, with this nameserver's "
+        "certificate (--tls-cert-file, --tls-key-file) and trusting --tls-ca-file",
+    )
+    parser.add_argument(
         "--zk-session-timeout-ms",
         type=_positive_int,
         metavar="N",
         help="with --zk: this nameserver's session timeout; a silent connection is noticed "
         f"within 2/3 of it (default {zk_format.DEFAULT_SESSION_TIMEOUT_MS})",
     )
+    parser.add_argument(
+        "--metrics-listen",
+        default="",
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics here: refused calls and the process (default: none)",
+    )
     tls_flags.add_arguments(parser)
     auth_flags.add_arguments(parser)
 
 
 def _configs(
-    args: argparse.Namespace,
+    args: argparse.Namespace, tls: ServerTls | None
 ) -> tuple[EmbeddedRegistryConfig | None, ZooKeeperRegistryConfig | None]:
     embedded = {
         k: v
@@ -209,14 +241,21 @@ def _configs(
         )
         if v is not None
     }
-    zk = {
+    zk: dict[str, Any] = {
         k: v
         for k, v in (("root", args.zk_root), ("session_timeout_ms", args.zk_session_timeout_ms))
         if v is not None
     }
+    if args.zk_tls:
+        if tls is None or not tls.ca_file:
+            raise StartupError(
+                "--zk-tls needs this nameserver's TLS (--tls-cert-file, --tls-key-file and the "
+                "--tls-ca-file ZooKeeper's certificate chains to)"
+            )
+        zk["tls"] = tls.as_client()
     if args.zk is None:
         if zk:
-            raise StartupError("--zk-root and --zk-session-timeout-ms need --zk")
+            raise StartupError("--zk-root, --zk-session-timeout-ms and --zk-tls need --zk")
         return EmbeddedRegistryConfig(**embedded), None
     if embedded:
         raise StartupError(
@@ -241,8 +280,8 @@ def run(args: argparse.Namespace) -> int:
     """Run with parsed arguments (``add_arguments``); the exit code."""
     die_with_parent()
     try:
-        registry_config, zk_config = _configs(args)
         tls = tls_flags.from_args(args)
+        registry_config, zk_config = _configs(args, tls)
         skew = args.auth_max_clock_skew_ms or auth_flags.DEFAULT_MAX_CLOCK_SKEW_MS
         if skew <= 0:
             raise StartupError("--auth-max-clock-skew-ms must be > 0")
@@ -254,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
                 tls=tls,
                 acl_path=args.acl_file or "",
                 max_clock_skew_ms=skew,
+                metrics_listen=args.metrics_listen,
             )
         )
     except (StartupError, TlsConfigError) as e:

@@ -46,6 +46,7 @@ from typing import Any
 from kazoo.client import KazooState
 from kazoo.exceptions import NoNodeError
 
+from tidemq.protos.tls import TlsSettings
 from tidemq.services.nameserver import zk_format
 from tidemq.services.nameserver.registry import (
     HeartbeatsRefusedError,
@@ -80,6 +81,8 @@ class ZooKeeperRegistryConfig:
     # This session owns no znodes; its timeout only bounds how long a silent connection takes to
     # be noticed (kazoo gives up on a read after 2/3 of it and the routes turn stale).
     session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
+    # ZooKeeper over TLS, with the nameserver's own certificate (``--zk-tls``).
+    tls: TlsSettings | None = None
 
     def __post_init__(self) -> None:
         zk_format.check_hosts(self.hosts)
@@ -169,7 +172,9 @@ class ZooKeeperRegistry(KazooLoopBridge):
         if self._reader is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._client = new_client(self.config.hosts, self.config.session_timeout_ms)
+        self._client = new_client(
+            self.config.hosts, self.config.session_timeout_ms, tls=self.config.tls
+        )
         self._client.add_listener(self._on_session_event)
         self._reader = asyncio.create_task(self._read_forever(), name="zk-routes")
         # Not waiting for the connection: the nameserver serves (stale) while ZooKeeper is away.

@@ -40,6 +40,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "clusterDomain": "k8s.example",
     },
+    "mutual-tls-automatic-failover": {
+        "tls": {"clientAuth": "require"},
+        "failover": {"mode": "automatic", "electionPriority": 3},
+        "broker": {"groups": 2, "slavesPerGroup": 1},
+    },
     "service-monitor-hard-anti-affinity": {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "broker": {"podAntiAffinityPreset": "hard"},
@@ -52,12 +57,17 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS))
 def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     """The values, the objects, and the brokers' broker.toml as a file (as pods mount it), with
-    the Secrets it names (the TLS files, the ACL file) written beside it as their volumes are."""
+    the Secrets it names (the TLS files, the ACL file, the ZooKeeper identity) written beside it
+    as their volumes are."""
     values = VALUE_SETS[request.param]
     objects = render(values)
     directory = tmp_path_factory.mktemp(request.param)
     text = of_kind(objects, "ConfigMap")[f"{RELEASE}-tidemq-broker"]["data"]["broker.toml"]
-    for secret, mount in ((f"{RELEASE}-tidemq-tls", "tls"), (f"{RELEASE}-tidemq-acl", "acl")):
+    for secret, mount in (
+        (f"{RELEASE}-tidemq-tls", "tls"),
+        (f"{RELEASE}-tidemq-acl", "acl"),
+        (f"{RELEASE}-tidemq-zk-auth", "zk-auth"),
+    ):
         found = of_kind(objects, "Secret").get(secret)
         if found is None:
             continue
@@ -65,6 +75,14 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         for key, value in found["data"].items():
             (directory / mount / key).write_bytes(base64.b64decode(value))
         text = text.replace(f"/etc/tidemq/{mount}/", f"{directory / mount}/")
+    identities = of_kind(objects, "Secret").get(f"{RELEASE}-tidemq-broker-identities")
+    if identities is not None:  # what the first broker pod's init container leaves it
+        (directory / "identity").mkdir()
+        pod = sorted(k for k in identities["data"] if k.endswith(".crt"))[0].removesuffix(".crt")
+        for ext in ("crt", "key"):
+            data = base64.b64decode(identities["data"][f"{pod}.{ext}"])
+            (directory / "identity" / f"tls.{ext}").write_bytes(data)
+        text = text.replace("/etc/tidemq/identity/", f"{directory / 'identity'}/")
     toml = directory / "broker.toml"
     toml.write_text(text)
     return values, objects, toml

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,12 @@ from tests.deploy.chart import (
     helm_binary,
     of_kind,
     render,
+    render_error,
+    render_notes,
     workloads_of,
 )
 from tidemq.services.auth import acl
+from tidemq.services.nameserver import zk_format
 
 pytestmark = [
     pytest.mark.deploy,
@@ -137,15 +141,165 @@ def test_network_policies_admit_clients_to_the_client_ports_only() -> None:
     assert "from" not in open_clients
 
 
+def test_the_ca_and_its_key_are_kept_in_a_secret_no_pod_mounts(tmp_path: Path) -> None:
+    objects = render({})
+    ca = _secret_files(objects, f"{FULLNAME}-ca", tmp_path / "ca")
+    served = _secret_files(objects, f"{FULLNAME}-tls", tmp_path / "tls")
+    assert ca["ca.crt"].read_bytes() == served["ca.crt"].read_bytes()
+    assert "ca.key" not in served  # what every pod mounts holds no CA key
+    # The key is the CA's: an operator can issue client certificates with it.
+    assert _openssl("pkey", "-in", str(ca["ca.key"]), "-pubout") == _openssl(
+        "x509", "-in", str(ca["ca.crt"]), "-noout", "-pubkey"
+    )
+    annotations = of_kind(objects, "Secret")[f"{FULLNAME}-ca"]["metadata"]["annotations"]
+    assert annotations["helm.sh/resource-policy"] == "keep"
+    for w in workloads_of(objects):
+        secrets = {
+            v["secret"]["secretName"]
+            for v in w["spec"]["template"]["spec"].get("volumes", [])
+            if "secret" in v
+        }
+        assert f"{FULLNAME}-ca" not in secrets, w["metadata"]["name"]
+
+
+def test_under_mutual_tls_each_broker_proves_its_own_identity(tmp_path: Path) -> None:
+    objects = render(
+        {
+            "tls": {"clientAuth": "require"},
+            "failover": {"mode": "automatic"},
+            "broker": {"groups": 2, "slavesPerGroup": 1},
+        }
+    )
+    ca = _secret_files(objects, f"{FULLNAME}-ca", tmp_path / "ca")
+    ids = _secret_files(objects, f"{FULLNAME}-broker-identities", tmp_path / "ids")
+    expected = {  # under automatic failover ids start at 1 (0 is the elected master's)
+        f"{FULLNAME}-broker-a-0": "broker:broker-a:1",
+        f"{FULLNAME}-broker-a-1": "broker:broker-a:2",
+        f"{FULLNAME}-broker-b-0": "broker:broker-b:1",
+        f"{FULLNAME}-broker-b-1": "broker:broker-b:2",
+    }
+    assert set(ids) == {f"{pod}.{ext}" for pod in expected for ext in ("crt", "key")}
+    for pod, identity in expected.items():
+        cert, key = str(ids[f"{pod}.crt"]), str(ids[f"{pod}.key"])
+        assert "OK" in _openssl("verify", "-CAfile", str(ca["ca.crt"]), cert)
+        subject = _openssl("x509", "-in", cert, "-noout", "-subject", "-nameopt", "RFC2253")
+        assert subject.strip() == f"subject=CN={identity}"
+        assert _openssl("pkey", "-in", key, "-pubout") == _openssl(
+            "x509", "-in", cert, "-noout", "-pubkey"
+        )
+        usage = _openssl("x509", "-in", cert, "-noout", "-ext", "extendedKeyUsage")
+        assert "TLS Web Client Authentication" in usage and "TLS Web Server Authentication" in usage
+        sans = _openssl("x509", "-in", cert, "-noout", "-ext", "subjectAltName")
+        group = pod.rsplit("-", 1)[0]
+        assert f"DNS:*.{group}-headless.{NAMESPACE}.svc.cluster.local" in sans
+        assert "IP Address:127.0.0.1" in sans
+
+    toml = tomllib.loads(of_kind(objects, "ConfigMap")[f"{FULLNAME}-broker"]["data"]["broker.toml"])
+    assert toml["tls_client_auth"] == "require"
+    assert toml["tls_cert_file"] == "/etc/tidemq/identity/tls.crt"
+    assert toml["tls_ca_file"] == "/etc/tidemq/tls/ca.crt"
+    ns = container(of_kind(objects, "Deployment")[f"{FULLNAME}-nameserver"])
+    assert flag(ns["args"], "--tls-client-auth") == "require"
+    assert ns["readinessProbe"]["exec"]["command"][-4:] == [
+        "--tls-cert-file", "/etc/tidemq/tls/tls.crt", "--tls-key-file", "/etc/tidemq/tls/tls.key"
+    ]  # fmt: skip
+    for name in (f"{FULLNAME}-broker-a", f"{FULLNAME}-broker-b"):
+        sts = of_kind(objects, "StatefulSet")[name]
+        spec = sts["spec"]["template"]["spec"]
+        (init,) = spec["initContainers"]
+        script = init["command"][-1]
+        assert '"/etc/tidemq/identities/$(POD_NAME).crt" /etc/tidemq/identity/tls.crt' in script
+        assert '"/etc/tidemq/identities/$(POD_NAME).key" /etc/tidemq/identity/tls.key' in script
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["identities"]["secret"]["secretName"] == f"{FULLNAME}-broker-identities"
+        broker = container(sts)
+        mounts = {m["name"]: m["mountPath"] for m in broker["volumeMounts"]}
+        assert "identities" not in mounts  # the broker sees its own certificate only
+        assert mounts["identity"] == "/etc/tidemq/identity"
+        assert broker["livenessProbe"]["exec"]["command"][-4:] == [
+            "--tls-cert-file", "/etc/tidemq/identity/tls.crt",
+            "--tls-key-file", "/etc/tidemq/identity/tls.key",
+        ]  # fmt: skip
+
+
+def test_under_mutual_tls_the_notes_say_how_to_issue_a_client_certificate(tmp_path: Path) -> None:
+    notes = render_notes({"tls": {"clientAuth": "require"}})
+    assert "--tls-cert-file /etc/tidemq/identity/tls.crt" in notes  # the status command's
+    # The notes' openssl commands, run against a CA as the chart makes it, give a certificate
+    # the CA verifies.
+    ca = _secret_files(render({}), f"{FULLNAME}-ca", tmp_path / "pki")
+    commands = [line.strip() for line in notes.splitlines() if line.strip().startswith("openssl")]
+    assert len(commands) == 2
+    for command in commands:
+        done = subprocess.run(
+            command, shell=True, cwd=ca["ca.crt"].parent, capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    app = str(ca["ca.crt"].parent / "app.crt")
+    assert "OK" in _openssl("verify", "-CAfile", str(ca["ca.crt"]), app)
+
+
+def test_mutual_tls_values_that_cannot_work_are_refused() -> None:
+    assert "must be none or require" in render_error({"tls": {"clientAuth": "request"}})
+    error = render_error({"tls": {"enabled": False, "clientAuth": "require"}})
+    assert "needs tls.enabled=true" in error
+    error = render_error({"tls": {"clientAuth": "require", "existingSecret": "mq-cert"}})
+    assert "tls.existingIdentitiesSecret" in error
+    objects = render(
+        {
+            "tls": {
+                "clientAuth": "require",
+                "existingSecret": "mq-cert",
+                "existingIdentitiesSecret": "mq-ids",
+            }
+        }
+    )
+    assert f"{FULLNAME}-broker-identities" not in of_kind(objects, "Secret")
+    spec = of_kind(objects, "StatefulSet")[f"{FULLNAME}-broker-a"]["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["identities"]["secret"]["secretName"] == "mq-ids"
+
+
+def test_brokers_write_their_znodes_as_the_charts_zookeeper_identity(tmp_path: Path) -> None:
+    objects = render({})
+    files = _secret_files(objects, f"{FULLNAME}-zk-auth", tmp_path / "zk-auth")
+    user, password = zk_format.parse_auth(f"@{files['zk-auth']}")
+    assert user == "tidemq-brokers" and len(password) >= 32
+    toml = of_kind(objects, "ConfigMap")[f"{FULLNAME}-broker"]["data"]["broker.toml"]
+    assert tomllib.loads(toml)["zk_auth"] == "@/etc/tidemq/zk-auth/zk-auth"
+    for sts in of_kind(objects, "StatefulSet").values():
+        if "broker" not in sts["metadata"]["name"]:
+            continue
+        mounts = {m["name"]: m["mountPath"] for m in container(sts)["volumeMounts"]}
+        assert mounts["zk-auth"] == "/etc/tidemq/zk-auth"
+    # Nameservers only read the registry: they get no identity.
+    ns = of_kind(objects, "Deployment")[f"{FULLNAME}-nameserver"]
+    assert "zk-auth" not in {v["name"] for v in ns["spec"]["template"]["spec"]["volumes"]}
+
+
 def test_the_operators_secrets_or_security_off() -> None:
-    objects = render({"tls": {"existingSecret": "mq-cert"}, "acl": {"existingSecret": "mq-acl"}})
+    objects = render(
+        {
+            "tls": {"existingSecret": "mq-cert"},
+            "acl": {"existingSecret": "mq-acl"},
+            "zookeeper": {"auth": {"existingSecret": "mq-zk"}},
+        }
+    )
     assert not of_kind(objects, "Secret")
     sts = of_kind(objects, "StatefulSet")[f"{FULLNAME}-broker-a"]
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == "mq-cert"
     assert volumes["acl"]["secret"]["secretName"] == "mq-acl"
+    assert volumes["zk-auth"]["secret"]["secretName"] == "mq-zk"
 
-    plain = render({"tls": {"enabled": False}, "acl": {"enabled": False}})
+    plain = render(
+        {
+            "tls": {"enabled": False},
+            "acl": {"enabled": False},
+            "zookeeper": {"auth": {"enabled": False}},
+        }
+    )
     assert not of_kind(plain, "Secret")
     ns = container(of_kind(plain, "Deployment")[f"{FULLNAME}-nameserver"])
     assert "--tls-cert-file" not in ns["args"] and "--acl-file" not in ns["args"]

@@ -50,6 +50,7 @@ class Secured:
     broker: BrokerProcess
     acl_path: Path
     metrics: str
+    nameserver_metrics: str
 
     def targets(self) -> Iterator[tuple[str, Any]]:
         """(address, service descriptor) of every service the two processes serve."""
@@ -68,7 +69,10 @@ def secured(
     tmp_path: Path, start_nameserver: StartNameServer, start_broker: StartBroker
 ) -> Secured:
     acl_path = write_acl(tmp_path)
-    ns = start_nameserver("--acl-file", str(acl_path), credentials=OPS)
+    ns_metrics = f"127.0.0.1:{free_port()}"
+    ns = start_nameserver(
+        "--acl-file", str(acl_path), "--metrics-listen", ns_metrics, credentials=OPS
+    )  # fmt: skip
     # The broker signs its registrations as ops (secret_key in its config file).
     config = broker_config_as_ops(tmp_path)
     metrics = f"127.0.0.1:{free_port()}"
@@ -81,7 +85,7 @@ def secured(
         wait_until(lambda: bool(admin.masters()), 20, "the broker registered with credentials")
         admin.create_topic("orders", queues=2)
         admin.create_topic("secret", queues=2)
-    return Secured(ns, broker, acl_path, metrics)
+    return Secured(ns, broker, acl_path, metrics, ns_metrics)
 
 
 def _request(descriptor: Any, depth: int = 0) -> Any:
@@ -160,10 +164,13 @@ def test_every_rpc_refuses_the_unknown_and_the_unpermitted_and_admits_the_permit
             assert _call(address, method, _signed(right)) not in REFUSALS, name
             checked += 1
     assert checked == len(RULES)
-    # Every refusal of the broker's services is counted in its metrics, by method and reason.
-    on_broker = [(n, r) for n, r in RULES.items() if not n.startswith("/tidemq.v1.NameServer/")]
-    expected = sum(3 + (r is not Kind.AUTHENTICATED) for _, r in on_broker)
-    assert _refusals(secured.metrics) == expected
+    # Every refusal is counted in the metrics of the server that refused it, by method and
+    # reason.
+    on_ns = {n: r for n, r in RULES.items() if n.startswith("/tidemq.v1.NameServer/")}
+    on_broker = [r for n, r in RULES.items() if n not in on_ns]
+    assert _refusals(secured.metrics) == sum(3 + (r is not Kind.AUTHENTICATED) for r in on_broker)
+    expected = sum(3 + (r is not Kind.AUTHENTICATED) for r in on_ns.values())
+    assert _refusals(secured.nameserver_metrics) == expected
 
 
 def _refusals(metrics: str) -> float:

@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,10 +31,23 @@ from pathlib import Path
 import pytest
 from kazoo.client import KazooClient
 
+from tests.tls_certs import Issued
 from tests.waiting import wait_until
 
 JAVA_DIR = Path("/usr/share/java")
 JARS = ("zookeeper.jar", "slf4j-log4j12.jar", "log4j-1.2.jar")
+# TLS needs ZooKeeper's Netty connection factory; Debian's zookeeper package depends on
+# libnetty-java, which brings these.
+NETTY_JARS = (
+    "netty-buffer.jar",
+    "netty-codec.jar",
+    "netty-common.jar",
+    "netty-handler.jar",
+    "netty-resolver.jar",
+    "netty-transport.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+)
 TICK_MS = 500
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
@@ -51,6 +65,27 @@ admin.enableServer=false
 forceSync=no
 """
 
+# The secure client port instead of the plain one: a client speaks TLS and presents a certificate
+# the CA signed, or is not served. PEM files, as an operator's cert-manager leaves them.
+ZOO_TLS_CFG = """\
+tickTime={tick_ms}
+initLimit=10
+syncLimit=5
+dataDir={data_dir}
+secureClientPort={port}
+secureClientPortAddress={host}
+serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
+ssl.keyStore.location={keystore}
+ssl.keyStore.type=PEM
+ssl.trustStore.location={ca_file}
+ssl.trustStore.type=PEM
+ssl.clientAuth=need
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=srvr,ruok,mntr,stat
+forceSync=no
+"""
+
 LOG4J = """\
 log4j.rootLogger=INFO, FILE
 log4j.appender.FILE=org.apache.log4j.FileAppender
@@ -60,10 +95,11 @@ log4j.appender.FILE.layout.ConversionPattern=%d{{ISO8601}} %-5p [%t] %c{{1}}: %m
 """
 
 
-def java_command(config_dir: Path) -> list[str]:
+def java_command(config_dir: Path, tls: bool = False) -> list[str]:
     """The server's command line; fails the test when java or a jar is missing."""
     java = shutil.which("java")
-    missing = [str(JAVA_DIR / jar) for jar in JARS if not (JAVA_DIR / jar).exists()]
+    jars = JARS + NETTY_JARS if tls else JARS
+    missing = [str(JAVA_DIR / jar) for jar in jars if not (JAVA_DIR / jar).exists()]
     if java is None or missing:
         pytest.fail(
             "ZooKeeper tests need Debian's zookeeper package (it brings a JRE): "
@@ -76,7 +112,7 @@ def java_command(config_dir: Path) -> list[str]:
         "-Xmx256m",
         "-XX:+UseSerialGC",
         "-cp",
-        ":".join(str(JAVA_DIR / jar) for jar in JARS),
+        ":".join(str(JAVA_DIR / jar) for jar in jars),
         f"-Dlog4j.configuration=file:{config_dir / 'log4j.properties'}",
         "org.apache.zookeeper.server.quorum.QuorumPeerMain",
         str(config_dir / "zoo.cfg"),
@@ -90,10 +126,23 @@ def _free_port() -> int:
         return port
 
 
-def srvr(port: int, timeout_s: float = 1.0, host: str = "127.0.0.1") -> str:
+def srvr(
+    port: int,
+    timeout_s: float = 1.0,
+    host: str = "127.0.0.1",
+    tls: ssl.SSLContext | None = None,
+) -> str:
     """The answer to the ``srvr`` four-letter command, or "" when nothing answers."""
     try:
-        with socket.create_connection((host, port), timeout=timeout_s) as s:
+        with contextlib.ExitStack() as stack:
+            s = stack.enter_context(socket.create_connection((host, port), timeout=timeout_s))
+            if tls is not None:
+                # Handshake after the socket is in the stack: one that fails (the server still
+                # starting) closes it too.
+                s = stack.enter_context(
+                    tls.wrap_socket(s, server_hostname=host, do_handshake_on_connect=False)
+                )
+                s.do_handshake()
             s.sendall(b"srvr")
             chunks = []
             while chunk := s.recv(4096):
@@ -101,6 +150,21 @@ def srvr(port: int, timeout_s: float = 1.0, host: str = "127.0.0.1") -> str:
     except OSError:
         return ""
     return b"".join(chunks).decode(errors="replace")
+
+
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """A server's TLS files: the CA its clients' certificates must chain to, its own
+    certificate, and a client certificate the harness probes it with."""
+
+    ca_file: str
+    server: Issued
+    client: Issued
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_file)
+        context.load_cert_chain(self.client.cert_file, self.client.key_file)
+        return context
 
 
 @dataclass
@@ -115,6 +179,7 @@ class ZooKeeperServer:
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     host: str = "127.0.0.1"
     launcher: tuple[str, ...] = ()
+    tls: ZooKeeperTls | None = None
 
     @property
     def hosts(self) -> str:
@@ -135,13 +200,32 @@ class ZooKeeperServer:
         """Spawn the server and return once it serves; fails with its log if it does not."""
         assert self.proc is None, "already running"
         (self.directory / "data").mkdir(parents=True, exist_ok=True)
-        (self.directory / "zoo.cfg").write_text(
-            ZOO_CFG.format(
-                tick_ms=TICK_MS, data_dir=self.directory / "data", port=self.port, host=self.host
+        settings = {
+            "tick_ms": TICK_MS,
+            "data_dir": self.directory / "data",
+            "port": self.port,
+            "host": self.host,
+        }
+        probe = None
+        if self.tls is None:
+            (self.directory / "zoo.cfg").write_text(ZOO_CFG.format(**settings))
+        else:
+            # The key (in PKCS#8, the only form ZooKeeper's PEM reader takes) and the
+            # certificate, in one file.
+            pkcs8 = subprocess.run(
+                ["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", self.tls.server.key_file],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            keystore = self.directory / "server-keystore.pem"
+            keystore.write_text(pkcs8 + Path(self.tls.server.cert_file).read_text())
+            (self.directory / "zoo.cfg").write_text(
+                ZOO_TLS_CFG.format(**settings, keystore=keystore, ca_file=self.tls.ca_file)
             )
-        )
+            probe = self.tls.client_context()
         (self.directory / "log4j.properties").write_text(LOG4J.format(log_path=self.log_path))
-        command = [*self.launcher, *java_command(self.directory)]
+        command = [*self.launcher, *java_command(self.directory, tls=self.tls is not None)]
         with (self.directory / "stdout.log").open("ab") as out:
             self.proc = subprocess.Popen(
                 command,
@@ -155,7 +239,7 @@ class ZooKeeperServer:
         def serving() -> bool:
             if proc.poll() is not None:
                 raise AssertionError(f"ZooKeeper exited with {proc.returncode} while starting")
-            return "Mode: standalone" in srvr(self.port, host=self.host)
+            return "Mode: standalone" in srvr(self.port, host=self.host, tls=probe)
 
         try:
             wait_until(serving, timeout_s, "ZooKeeper to serve")
@@ -178,8 +262,18 @@ class ZooKeeperServer:
 
     @contextlib.contextmanager
     def client(self) -> Iterator[KazooClient]:
-        """A connected kazoo client of the test's own (its session ends with the block)."""
-        zk = KazooClient(hosts=self.hosts, timeout=5)
+        """A connected kazoo client of the test's own (its session ends with the block); over
+        TLS with the harness's client certificate when the server speaks TLS."""
+        tls: dict[str, object] = {}
+        if self.tls is not None:
+            tls = {
+                "use_ssl": True,
+                "ca": self.tls.ca_file,
+                "certfile": self.tls.client.cert_file,
+                "keyfile": self.tls.client.key_file,
+                "check_hostname": True,
+            }
+        zk = KazooClient(hosts=self.hosts, timeout=5, **tls)
         zk.start(timeout=15)
         try:
             yield zk
@@ -188,8 +282,8 @@ class ZooKeeperServer:
             zk.close()
 
 
-def new_server(directory: Path) -> ZooKeeperServer:
-    return ZooKeeperServer(directory, _free_port())
+def new_server(directory: Path, tls: ZooKeeperTls | None = None) -> ZooKeeperServer:
+    return ZooKeeperServer(directory, _free_port(), tls=tls)
 
 
 @pytest.fixture(scope="session")
@@ -215,8 +309,8 @@ def start_zookeeper(tmp_path: Path) -> Iterator[StartZooKeeper]:
     port and directory, for a test that starts it later."""
     servers: list[ZooKeeperServer] = []
 
-    def start(*, run: bool = True) -> ZooKeeperServer:
-        server = new_server(tmp_path / f"zookeeper-{len(servers)}")
+    def start(*, run: bool = True, tls: ZooKeeperTls | None = None) -> ZooKeeperServer:
+        server = new_server(tmp_path / f"zookeeper-{len(servers)}", tls)
         servers.append(server)
         if run:
             server.start()

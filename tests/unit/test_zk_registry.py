@@ -208,9 +208,9 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_flags_choose_the_registry() -> None:
-    embedded, zk = server._configs(parse("--broker-expiry-ms", "1500"))
+    embedded, zk = server._configs(parse("--broker-expiry-ms", "1500"), None)
     assert zk is None and embedded is not None and embedded.broker_expiry_ms == 1500
-    embedded, zk = server._configs(parse("--zk", "zk1:2181", "--zk-root", "/mq"))
+    embedded, zk = server._configs(parse("--zk", "zk1:2181", "--zk-root", "/mq"), None)
     assert embedded is None
     assert zk == ZooKeeperRegistryConfig("zk1:2181", "/mq", zk_format.DEFAULT_SESSION_TIMEOUT_MS)
 
@@ -225,6 +225,7 @@ def test_flags_choose_the_registry() -> None:
         (("--zk", "not a host"), "ZooKeeper hosts"),
         (("--zk", "zk1:2181", "--zk-root", "relative"), "absolute path"),
         (("--zk", "zk1:2181", "--zk-session-timeout-ms", "100"), "session timeout"),
+        (("--zk", "zk1:2181", "--zk-tls"), "--zk-tls needs this nameserver's TLS"),
     ],
 )
 def test_bad_flags_are_one_line_and_exit_2(

@@ -108,6 +108,47 @@ podAntiAffinity:
 {{- default (printf "%s-acl" (include "tidemq.fullname" .)) .Values.acl.existingSecret -}}
 {{- end -}}
 
+{{- define "tidemq.identitiesSecret" -}}
+{{- default (printf "%s-broker-identities" (include "tidemq.fullname" .)) .Values.tls.existingIdentitiesSecret -}}
+{{- end -}}
+
+{{- define "tidemq.identityDir" -}}/etc/tidemq/identity{{- end -}}
+
+{{/* Every name the serving certificates must cover: the Services, each group's pods through its
+headless Service, and localhost (the probes dial 127.0.0.1, an IP SAN). */}}
+{{- define "tidemq.tlsNames" -}}
+{{- $fullname := include "tidemq.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $domain := .Values.clusterDomain -}}
+{{- $names := list "localhost" -}}
+{{- range $service := list (printf "%s-nameserver" $fullname) (printf "%s-broker" $fullname) -}}
+{{- $names = concat $names (list $service (printf "%s.%s" $service $ns) (printf "%s.%s.svc" $service $ns) (printf "%s.%s.svc.%s" $service $ns $domain)) -}}
+{{- end -}}
+{{- range $group := fromJsonArray (include "tidemq.brokerGroups" .) -}}
+{{- $names = append $names (printf "*.%s-%s-headless.%s.svc.%s" $fullname $group $ns $domain) -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* [pod, certificate CN] of every broker pod: the identity it proves, broker:<group>:<id>,
+with the id the pod is started with (its ordinal; ordinal+1 under automatic failover). */}}
+{{- define "tidemq.brokerIdentities" -}}
+{{- $fullname := include "tidemq.fullname" . -}}
+{{- $first := ternary 1 0 (eq .Values.failover.mode "automatic") -}}
+{{- $pods := list -}}
+{{- range $group := fromJsonArray (include "tidemq.brokerGroups" .) -}}
+{{- range $ordinal := until (int (add 1 $.Values.broker.slavesPerGroup)) -}}
+{{- $pods = append $pods (list (printf "%s-%s-%d" $fullname $group $ordinal) (printf "broker:%s:%d" $group (add $ordinal $first))) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $pods -}}
+{{- end -}}
+
+{{- define "tidemq.zkAuthSecret" -}}
+{{- default (printf "%s-zk-auth" (include "tidemq.fullname" .)) .Values.zookeeper.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "tidemq.zkAuthDir" -}}/etc/tidemq/zk-auth{{- end -}}
 {{- define "tidemq.tlsDir" -}}/etc/tidemq/tls{{- end -}}
 {{- define "tidemq.aclDir" -}}/etc/tidemq/acl{{- end -}}
 
@@ -120,6 +161,8 @@ podAntiAffinity:
 - {{ include "tidemq.tlsDir" . }}/tls.key
 - --tls-ca-file
 - {{ include "tidemq.tlsDir" . }}/ca.crt
+- --tls-client-auth
+- {{ .Values.tls.clientAuth }}
 {{- end }}
 {{- if .Values.acl.enabled }}
 - --acl-file
@@ -171,6 +214,14 @@ exec:
     - "127.0.0.1:{{ .port }}"
     - --tls-ca-file
     - {{ include "tidemq.tlsDir" .root }}/ca.crt
+    {{- if eq .root.Values.tls.clientAuth "require" }}
+    {{- /* Mutual TLS: the probe presents the server's own certificate. */}}
+    {{- $dir := ternary (include "tidemq.identityDir" .root) (include "tidemq.tlsDir" .root) (eq (toString .identity) "true") }}
+    - --tls-cert-file
+    - {{ $dir }}/tls.crt
+    - --tls-key-file
+    - {{ $dir }}/tls.key
+    {{- end }}
 {{- with .probe.initialDelaySeconds }}
 initialDelaySeconds: {{ . }}
 {{- end }}
@@ -263,6 +314,13 @@ Validation: every rule adds its message; the render fails once with all of them.
 {{- end -}}
 {{- if and (ne $v.failover.mode "automatic") (toString $v.failover.electionPriority) -}}
 {{- $m = append $m "failover.electionPriority: only applies with failover.mode=automatic" -}}
+{{- end -}}
+{{- if not (has $v.tls.clientAuth (list "none" "require")) -}}
+{{- $m = append $m (printf "tls.clientAuth: must be none or require, got %v" $v.tls.clientAuth) -}}
+{{- else if and (eq $v.tls.clientAuth "require") (not $v.tls.enabled) -}}
+{{- $m = append $m "tls.clientAuth=require is mutual TLS: it needs tls.enabled=true" -}}
+{{- else if and (eq $v.tls.clientAuth "require") $v.tls.existingSecret (not $v.tls.existingIdentitiesSecret) -}}
+{{- $m = append $m "tls.clientAuth=require with tls.existingSecret: give the brokers' certificates in tls.existingIdentitiesSecret (<pod>.crt and <pod>.key, CN broker:<group>:<id>), issued by your CA" -}}
 {{- end -}}
 {{- if and $v.zookeeper.enabled $v.zookeeper.connect -}}
 {{- $m = append $m "zookeeper.connect: set for an external ensemble, which needs zookeeper.enabled=false (the bundled one is enabled)" -}}
