@@ -36,7 +36,7 @@ ALGORITHM = "MQv2-HMAC-SHA1"
 ENV_ACCESS_KEY = "TIDEMQ_ACCESS_KEY"
 ENV_SECRET_KEY = "TIDEMQ_SECRET_KEY"
 
-_DATE_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z$")
+_DATE_RE = re.compile(r"^(\d{4})(\d{2})(\d{2})T(\d{2})(\d{2})(\d{2})Z\Z")
 # Credential=<ak>, SignedHeaders=<names>, Signature=<hex>; spaces after commas are optional.
 _FIELD_RE = re.compile(r"\s*([A-Za-z]+)=([^,]*)")
 MAX_HEADER_CHARS = 1024

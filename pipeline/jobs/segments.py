@@ -37,7 +37,7 @@ from tidemq.storage.record import (
     make_msg_id,
 )
 
-SEGMENT_NAME: Final = re.compile(r"^\d{20}$")
+SEGMENT_NAME: Final = re.compile(r"^\d{20}\Z")
 _MAGICS: Final = tuple(m.to_bytes(4, "big") for m in (MAGIC_V1, MAGIC_V2, BLANK_MAGIC))
 _BLANK_MAGIC_BYTES: Final = BLANK_MAGIC.to_bytes(4, "big")
 

@@ -70,7 +70,7 @@ class Perm(enum.Flag):
 class AddressPattern:
     """One white-list entry, matched against a peer's IP."""
 
-    _WILDCARD = re.compile(r"^(\d{1,3}|\*)(\.(\d{1,3}|\*)){0,3}\.?$")
+    _WILDCARD = re.compile(r"^(\d{1,3}|\*)(\.(\d{1,3}|\*)){0,3}\.?\Z")
 
     def __init__(self, text: str, where: str) -> None:
         self.text = text = str(text).strip()

@@ -27,7 +27,7 @@ from tidemq.protos import signing
 from tidemq.services.auth.acl import Account, Acl
 from tidemq.services.auth.rules import RULES, Kind, Need, Rule
 
-BROKER_NAME_RE = re.compile(r"^broker:([^:]+):(\d{1,9})$")
+BROKER_NAME_RE = re.compile(r"^broker:([^:]+):(\d{1,9})\Z")
 
 
 def broker_certificate_name(broker_name: str, broker_id: int) -> str:

@@ -44,9 +44,9 @@ E = common_pb2
 T = TypeVar("T")
 
 NAME_MAX_CHARS = 127  # cluster and broker names; the same bound as a topic name
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-_PORT_RE = re.compile(r"^[0-9]{1,5}$")  # ASCII only: str.isdigit() would accept '²'
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+\Z")
+_HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
+_PORT_RE = re.compile(r"^[0-9]{1,5}\Z")  # ASCII only: str.isdigit() would accept '²'
 HOST_MAX_CHARS = 253
 QUEUE_NUMS_MAX = 65_536  # a sanity bound: queue ids are small ints on the wire and on disk
 PERM_ALL = E.PERM_INHERIT | E.PERM_WRITE | E.PERM_READ

@@ -73,8 +73,8 @@ DEFAULT_SESSION_TIMEOUT_MS = 10_000
 SESSION_TIMEOUT_MIN_MS = 1_000
 SESSION_TIMEOUT_MAX_MS = 600_000
 
-_COMPONENT_RE = re.compile(r"^[A-Za-z0-9._-]+$")
-_BROKER_ID_RE = re.compile(r"^(0|[1-9][0-9]{0,18})$")
+_COMPONENT_RE = re.compile(r"^[A-Za-z0-9._-]+\Z")
+_BROKER_ID_RE = re.compile(r"^(0|[1-9][0-9]{0,18})\Z")
 ROOT_MAX_CHARS = 512
 
 

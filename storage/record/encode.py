@@ -77,7 +77,7 @@ def validate_topic(topic: str) -> bytes:
         raise InvalidTopicError("topic is empty")
     if len(encoded) > TOPIC_MAX_BYTES:
         raise InvalidTopicError(f"topic is {len(encoded)} bytes, at most {TOPIC_MAX_BYTES} allowed")
-    if not _TOPIC_RE.match(topic):
+    if not _TOPIC_RE.fullmatch(topic):
         raise InvalidTopicError(
             f"topic {topic!r} may hold only letters, digits, '%', '|', '_', '-'"
         )

@@ -68,7 +68,9 @@ TRANSACTION_ROLLBACK: Final = 0xC
 
 TOPIC_MAX_BYTES: Final = 127
 PROPERTIES_MAX_BYTES: Final = 32_767
-TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+TOPIC_RE = re.compile(r"^[%|a-zA-Z0-9_-]+\Z")  # \Z, not $: "$" matches before a final "\n"
+# Reading keeps "$" (a final "\n" passes): builds before 2026-12 wrote topics with it, and a
+# record a reader refused would be cut from the log as damaged.
 TOPIC_BYTES_RE = re.compile(rb"^[%|a-zA-Z0-9_-]+$")
 
 Buf = bytes | bytearray | memoryview | mmap.mmap

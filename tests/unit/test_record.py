@@ -176,6 +176,7 @@ def test_msg_id_is_host_port_offset_in_uppercase_hex() -> None:
         ("bad topic", False),
         ("tópico", False),
         ("a/b", False),
+        ("orders\n", False),  # a regular expression's "$" would let the newline through
     ],
 )
 def test_topic_rules(topic: str, ok: bool) -> None:

@@ -115,6 +115,9 @@ def test_a_slave_without_ha_address_and_topics_decodes() -> None:
         (encoded(doc(topics=[topic("o", perm=99)])), "is not a combination of Permission bits"),
         (encoded(doc(cluster="Default Cluster")), "must be 1-127 letters"),
         (encoded(doc(broker_name="b" * 128)), "must be 1-127 letters"),
+        (encoded(doc(cluster="DefaultCluster\n")), "must be 1-127 letters"),
+        (encoded(doc(address="10.0.0.1:9876\n")), "port must be"),
+        (encoded(doc(address="broker-a\n:9876")), "is not a host name"),
         (encoded(doc(cluster="\ud800")), "surrogates not allowed"),
         (encoded(doc(broker_name="broker-b")), "znode is DefaultCluster/broker-a/0"),
         (b" " * (zk_format.MAX_DATA_BYTES + 1), "over the"),
@@ -166,13 +169,15 @@ def test_node_path_and_name() -> None:
     assert zk_format.parse_node_name("c1", "broker-a", "12") == BrokerNodeName("c1", "broker-a", 12)
 
 
-@pytest.mark.parametrize("name", ["01", "-1", "+1", "1.0", "x", "", "1" * 20, "٣"])
+@pytest.mark.parametrize("name", ["01", "-1", "+1", "1.0", "x", "", "1" * 20, "٣", "1\n"])
 def test_znode_names_that_are_not_canonical_ids_are_refused(name: str) -> None:
     with pytest.raises(ZnodeDataError, match="is not a broker id"):
         zk_format.parse_node_name("c1", "broker-a", name)
 
 
-@pytest.mark.parametrize(("cluster", "name"), [(".", "b"), ("c", ".."), ("c", "a/b"), ("", "b")])
+@pytest.mark.parametrize(
+    ("cluster", "name"), [(".", "b"), ("c", ".."), ("c", "a/b"), ("", "b"), ("c\n", "b")]
+)
 def test_names_zookeeper_cannot_hold_are_refused(cluster: str, name: str) -> None:
     with pytest.raises(ZooKeeperConfigError, match="is not a znode name"):
         zk_format.node_path("/tidemq", cluster, name, 0)

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 __all__ = ["KEEP", "LogMark", "SnapshotFileError", "SnapshotFiles", "decode", "encode"]
 
 KEEP = 3
-_NAME = re.compile(r"^snapshot-(\d{20})\.bin$")
+_NAME = re.compile(r"^snapshot-(\d{20})\.bin\Z")
 _MAGIC = b"TRSS"
 _VERSION = 1
 # magic, version, next log queue offset, last record's CommitLog offset and body CRC, header CRC
