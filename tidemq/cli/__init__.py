@@ -7,18 +7,18 @@ function in the ``tidemq.commands`` entry-point group (pyproject.toml) that adds
 so this module imports no server code and a client-only use of the CLI loads none.
 
 Every command sets ``func`` (it returns the exit code) and may set ``log_level``: servers log
-their lifecycle by default, offline tools stay quiet unless ``-v`` is given.
+their lifecycle by default, offline tools stay quiet unless ``-v`` or ``--log-level`` is given.
+``--log-format json`` (``tidemq.logs``) goes on any command.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from tidemq import health
+from tidemq import health, logs
 from tidemq.cli import (
     bench,
     broker_groups,
@@ -57,13 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_parser(sub)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         command.load()(sub)
+    logs.add_flags(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    level = logging.INFO if args.verbose else getattr(args, "log_level", logging.WARNING)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logs.format_of(args), logs.level_of(args))
     try:
         export_tls(args)
         rc: int = args.func(args)
