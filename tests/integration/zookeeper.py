@@ -52,26 +52,26 @@ TICK_MS = 500
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
+# Every server's settings; the client port comes after (ZOO_PLAIN_PORT or ZOO_TLS_PORT).
 ZOO_CFG = """\
 tickTime={tick_ms}
 initLimit=10
 syncLimit=5
 dataDir={data_dir}
-clientPort={port}
-clientPortAddress={host}
 maxClientCnxns=0
 admin.enableServer=false
 4lw.commands.whitelist=srvr,ruok,mntr,stat
 forceSync=no
 """
 
+ZOO_PLAIN_PORT = """\
+clientPort={port}
+clientPortAddress={host}
+"""
+
 # The secure client port instead of the plain one: a client speaks TLS and presents a certificate
 # the CA signed, or is not served. PEM files, as an operator's cert-manager leaves them.
-ZOO_TLS_CFG = """\
-tickTime={tick_ms}
-initLimit=10
-syncLimit=5
-dataDir={data_dir}
+ZOO_TLS_PORT = """\
 secureClientPort={port}
 secureClientPortAddress={host}
 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory
@@ -80,10 +80,6 @@ ssl.keyStore.type=PEM
 ssl.trustStore.location={ca_file}
 ssl.trustStore.type=PEM
 ssl.clientAuth=need
-maxClientCnxns=0
-admin.enableServer=false
-4lw.commands.whitelist=srvr,ruok,mntr,stat
-forceSync=no
 """
 
 LOG4J = """\
@@ -208,7 +204,7 @@ class ZooKeeperServer:
         }
         probe = None
         if self.tls is None:
-            (self.directory / "zoo.cfg").write_text(ZOO_CFG.format(**settings))
+            (self.directory / "zoo.cfg").write_text((ZOO_CFG + ZOO_PLAIN_PORT).format(**settings))
         else:
             # The key (in PKCS#8, the only form ZooKeeper's PEM reader takes) and the
             # certificate, in one file.
@@ -221,7 +217,9 @@ class ZooKeeperServer:
             keystore = self.directory / "server-keystore.pem"
             keystore.write_text(pkcs8 + Path(self.tls.server.cert_file).read_text())
             (self.directory / "zoo.cfg").write_text(
-                ZOO_TLS_CFG.format(**settings, keystore=keystore, ca_file=self.tls.ca_file)
+                (ZOO_CFG + ZOO_TLS_PORT).format(
+                    **settings, keystore=keystore, ca_file=self.tls.ca_file
+                )
             )
             probe = self.tls.client_context()
         (self.directory / "log4j.properties").write_text(LOG4J.format(log_path=self.log_path))
