@@ -76,10 +76,13 @@ async def serve(
     """
     try:
         host, _ = parse_host_port(listen, allow_port_zero=True)
+    except ValueError as e:
+        raise StartupError(f"--listen {e}") from None
+    try:
         if metrics_listen:
             parse_host_port(metrics_listen, allow_port_zero=True)
     except ValueError as e:
-        raise StartupError(f"--listen or --metrics-listen {e}") from None
+        raise StartupError(f"--metrics-listen {e}") from None
     tls_flags.warn_if_exposed("the nameserver", listen, tls, acl_path)
 
     registry: Registry

@@ -277,18 +277,26 @@ def test_sigterm_stops_it_promptly_with_exit_code_0(nameserver: NameServerProces
     assert "Traceback" not in log
 
 
-def test_bad_listen_address_is_one_line_and_exit_2() -> None:
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--listen", "localhost"), "--listen 'localhost' is not HOST:PORT"),
+        (
+            ("--listen", "127.0.0.1:0", "--metrics-listen", "9090"),
+            "--metrics-listen '9090' is not HOST:PORT",
+        ),
+    ],
+)
+def test_bad_listen_address_is_one_line_and_exit_2(flags: tuple[str, ...], message: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tidemq.cli", "nameserver", "--listen", "localhost"],
+        [sys.executable, "-m", "tidemq.cli", "nameserver", *flags],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "tidemq nameserver: --listen 'localhost' is not HOST:PORT"
-    ]
+    assert done.stderr.strip().splitlines() == [f"tidemq nameserver: {message}"]
 
 
 @pytest.mark.parametrize(
