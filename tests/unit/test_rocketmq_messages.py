@@ -69,6 +69,32 @@ def test_a_delayed_message_is_delivered_at_its_timestamp() -> None:
     assert out.message.deliver_at_ms == 1_800_000_000_250
 
 
+@pytest.mark.parametrize(
+    ("system", "code"),
+    [
+        # Seconds a Timestamp holds but milliseconds of an int64 do not.
+        (
+            {
+                "message_type": v2.DELAY,
+                "delivery_timestamp": timestamp_pb2.Timestamp(seconds=9_223_372_036_854_776),
+            },
+            v2.ILLEGAL_DELIVERY_TIME,
+        ),
+        (
+            {"born_timestamp": timestamp_pb2.Timestamp(seconds=9_223_372_036_854_776)},
+            v2.BAD_REQUEST,
+        ),
+    ],
+)
+def test_a_timestamp_beyond_what_milliseconds_hold_is_a_typed_status(
+    system: dict[str, object], code: int
+) -> None:
+    with pytest.raises(StatusError) as e:
+        messages.to_ours(client_message(**system), MAX_BODY)
+    assert e.value.code == code
+    assert "out of range" in str(e.value)
+
+
 def test_a_gzip_body_is_stored_inflated() -> None:
     m = client_message(body_encoding=v2.GZIP)
     m.body = gzip.compress(b"x" * 1000)

@@ -65,6 +65,18 @@ def _ms(ts: timestamp_pb2.Timestamp) -> int:
     return int(ts.seconds) * 1000 + int(ts.nanos) // 1_000_000
 
 
+_MAX_MS = 2**63 - 1  # what an int64 field of milliseconds holds
+
+
+def _ms_field(ts: timestamp_pb2.Timestamp, what: str, code: int) -> int:
+    """``ts`` in milliseconds, or ``code`` when they do not fit a millisecond field (a Timestamp
+    holds seconds up to 2^63, a thousand times more)."""
+    ms = _ms(ts)
+    if ms > _MAX_MS:
+        raise StatusError(code, f"{what} is out of range ({ts.seconds} s)")
+    return ms
+
+
 def _timestamp(ms: int) -> timestamp_pb2.Timestamp:
     return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
@@ -160,12 +172,15 @@ def to_ours(m: definition_pb2.Message, max_body_bytes: int) -> Outgoing:
             "a DELAY message has a delivery_timestamp, and only a DELAY message has one",
         )
     if delivery:
-        deliver_at_ms = _ms(sp.delivery_timestamp)
+        deliver_at_ms = _ms_field(
+            sp.delivery_timestamp, "delivery_timestamp", C.ILLEGAL_DELIVERY_TIME
+        )
         if deliver_at_ms <= 0:
             raise StatusError(C.ILLEGAL_DELIVERY_TIME, "delivery_timestamp must be after 1970")
         out.deliver_at_ms = deliver_at_ms
     if sp.HasField("born_timestamp"):
-        out.born_timestamp_ms = max(0, _ms(sp.born_timestamp))
+        born_ms = _ms_field(sp.born_timestamp, "born_timestamp", C.BAD_REQUEST)
+        out.born_timestamp_ms = max(0, born_ms)
     if props:
         out.properties.update(props)
     return Outgoing(out, sp.message_id, kind, group)
