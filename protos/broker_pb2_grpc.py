@@ -109,6 +109,11 @@ class BrokerStub:
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusRequest.SerializeToString,
                 response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusResponse.FromString,
                 _registered_method=True)
+        self.GetOffsetTable = channel.unary_unary(
+                '/tidemq.v1.Broker/GetOffsetTable',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetOffsetTableRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetOffsetTableResponse.FromString,
+                _registered_method=True)
         self.SyncConfig = channel.unary_unary(
                 '/tidemq.v1.Broker/SyncConfig',
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.SyncConfigRequest.SerializeToString,
@@ -168,6 +173,11 @@ class BrokerStub:
                 '/tidemq.v1.Broker/GetReceiveState',
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.SerializeToString,
                 response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.FromString,
+                _registered_method=True)
+        self.GetMessageHistory = channel.unary_unary(
+                '/tidemq.v1.Broker/GetMessageHistory',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetMessageHistoryRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetMessageHistoryResponse.FromString,
                 _registered_method=True)
         self.RecallMessage = channel.unary_unary(
                 '/tidemq.v1.Broker/RecallMessage',
@@ -294,6 +304,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetOffsetTable(self, request, context):
+        """Every queue's offsets and every group's position on this broker, in one answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def SyncConfig(self, request, context):
         """A slave's config sync (every 3 s): topics and subscription groups when their data version
         changed (or always when full is set), and every committed consumer offset. The slave sends
@@ -376,6 +393,15 @@ class BrokerServicer:
 
     def GetReceiveState(self, request, context):
         """In-flight figures of a receive group per queue (describe, metrics, the console).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMessageHistory(self, request, context):
+        """What every consumer group did with one message, from this broker's receive log (scanned
+        from the message's store time on, within a bound) and its committed offsets. Any broker
+        of the message's group answers (slaves hold the same log).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -498,6 +524,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusRequest.FromString,
                     response_serializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerStatusResponse.SerializeToString,
             ),
+            'GetOffsetTable': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOffsetTable,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetOffsetTableRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetOffsetTableResponse.SerializeToString,
+            ),
             'SyncConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.SyncConfig,
                     request_deserializer=tidemq_dot_protos_dot_broker__pb2.SyncConfigRequest.FromString,
@@ -557,6 +588,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetReceiveState,
                     request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.FromString,
                     response_serializer=tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.SerializeToString,
+            ),
+            'GetMessageHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMessageHistory,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetMessageHistoryRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetMessageHistoryResponse.SerializeToString,
             ),
             'RecallMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.RecallMessage,
@@ -1000,6 +1036,33 @@ class Broker:
             _registered_method=True)
 
     @staticmethod
+    def GetOffsetTable(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/GetOffsetTable',
+            tidemq_dot_protos_dot_broker__pb2.GetOffsetTableRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetOffsetTableResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def SyncConfig(request,
             target,
             options=(),
@@ -1313,6 +1376,33 @@ class Broker:
             '/tidemq.v1.Broker/GetReceiveState',
             tidemq_dot_protos_dot_broker__pb2.GetReceiveStateRequest.SerializeToString,
             tidemq_dot_protos_dot_broker__pb2.GetReceiveStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMessageHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/GetMessageHistory',
+            tidemq_dot_protos_dot_broker__pb2.GetMessageHistoryRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetMessageHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
     ports = [("nameserver", args.nameserver_port), ("broker", args.broker_port)]
     if args.slave_port:
         ports.append(("slave", args.slave_port))
+    if args.console_port:
+        ports.append(("console", args.console_port))
     # The RocketMQ 5 listeners (official clients): the master's port, the slave's the next one.
     v2_ports: dict[str, int] = {}
     if args.rocketmq_port:
@@ -198,9 +201,25 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 deadline,
             )
+        console_url = ""
+        if args.console_port:
+            console_url = f"http://{host}:{args.console_port}/"
+            console = _spawn(
+                "console",
+                ["console", "--nameserver", ns_addr, "--listen", f"{host}:{args.console_port}"],
+                logs / "console.log",
+            )
+            children.append(console)
+            _wait_serving(console, lambda: _http_ok(console_url + "healthz"), deadline)
         v2_addr = f"{host}:{args.rocketmq_port}" if args.rocketmq_port else ""
         _print_banner(
-            data, ns_addr, broker_addr, slave_addr if args.slave_port else "", v2_addr, args
+            data,
+            ns_addr,
+            broker_addr,
+            slave_addr if args.slave_port else "",
+            v2_addr,
+            console_url,
+            args,
         )
         while not stop_requested:
             for c in children:
@@ -226,6 +245,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
 def _wait_broker(child: Child, address: str, deadline: float) -> None:
     with grpc.insecure_channel(address) as ch:
         stub = broker_pb2_grpc.BrokerStub(ch)
@@ -244,11 +271,14 @@ def _print_banner(
     broker_addr: str,
     slave_addr: str,
     v2_addr: str,
+    console_url: str,
     args: argparse.Namespace,
 ) -> None:
     slave_line = f"\n  broker-a/1   {slave_addr}  SLAVE of broker-a" if slave_addr else ""
     if v2_addr:
         slave_line += f"\n  RocketMQ 5   {v2_addr}   endpoints for the official RocketMQ clients"
+    if console_url:
+        slave_line += f"\n  console      {console_url}   the web console"
     exe = "tidemq"
     venv_exe = Path(sys.executable).parent / "tidemq"
     if venv_exe.exists() and str(venv_exe.parent) not in os.environ.get("PATH", "").split(":"):
@@ -281,6 +311,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.add_argument("--nameserver-port", type=int, default=9876)
     p.add_argument("--broker-port", type=int, default=10911)
     p.add_argument("--slave-port", type=int, default=10912, help="the slave's port (0: no slave)")
+    p.add_argument(
+        "--console-port", type=int, default=8080, help="the web console's port (0: no console)"
+    )
     p.add_argument(
         "--role",
         choices=["ASYNC_MASTER", "SYNC_MASTER"],

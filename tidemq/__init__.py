@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         SimpleConsumerConfig,
     )
     from tidemq.errors import TidemqError
+    from tidemq.metrics import ClientMetrics
     from tidemq.producer import (
         AsyncProducer,
         AsyncTransaction,
@@ -72,6 +73,7 @@ __all__ = [
     "AsyncSimpleConsumer",
     "AsyncTransaction",
     "AsyncTransactionChecker",
+    "ClientMetrics",
     "ConsumeResult",
     "Consumer",
     "ConsumerConfig",
@@ -116,6 +118,7 @@ _HOMES = {
     "SimpleConsumer": "tidemq.consumer",
     "SimpleConsumerConfig": "tidemq.consumer",
     "TidemqError": "tidemq.errors",
+    "ClientMetrics": "tidemq.metrics",
     "AsyncProducer": "tidemq.producer",
     "Producer": "tidemq.producer",
     "ProducerConfig": "tidemq.producer",

@@ -119,6 +119,7 @@ RULES: dict[str, Rule] = {
     BROKER + "DeleteTopic": Kind.ADMIN,
     BROKER + "ListTopics": Kind.ADMIN,
     BROKER + "GetBrokerStatus": Kind.ADMIN,
+    BROKER + "GetOffsetTable": Kind.ADMIN,  # every topic's and group's offsets
     BROKER + "SyncConfig": Kind.CLUSTER,  # every table and every group's offsets
     BROKER + "Switchover": Kind.ADMIN,
     BROKER + "ReceiveMessage": _reads,
@@ -131,6 +132,8 @@ RULES: dict[str, Rule] = {
     BROKER + "ListConsumerGroups": Kind.ADMIN,
     BROKER + "DeleteConsumerGroup": Kind.ADMIN,
     BROKER + "GetReceiveState": Kind.ADMIN,
+    # Names every group that consumed the message and the clients it went to, whoever's.
+    BROKER + "GetMessageHistory": Kind.ADMIN,
     BROKER + "RecallMessage": _topic_pub,
     BROKER + "ListDelayedMessages": Kind.ADMIN,
     # A transaction is named by its id (random, known to its producer) and producer group.

@@ -41,6 +41,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         help="HOST:PORT serving the RocketMQ 5 protocol of the official clients (default: none)",
     )
     p.add_argument(
+        "--otel",
+        action="store_true",
+        default=None,
+        help="OpenTelemetry spans for stores and deliveries, the SDK configured from the OTEL_* "
+        "variables (OTEL_TRACES_EXPORTER, OTEL_SERVICE_NAME, ...; needs opentelemetry-sdk)",
+    )
+    p.add_argument(
         "--rocketmq-advertise",
         help="HOST:PORT routes name for the RocketMQ 5 listener (default --rocketmq-listen)",
     )
@@ -332,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
         "metrics_listen",
         "rocketmq_listen",
         "rocketmq_advertise",
+        "otel",
         "config_sync_interval_ms",
         "failover",
         "election_priority",

@@ -76,6 +76,10 @@ class BrokerConfig:
     # clients speak; empty serves none. The address routes name defaults to it.
     rocketmq_listen: str = ""
     rocketmq_advertise: str = ""
+    # OpenTelemetry tracing (docs/operations.md, "Tracing"): build the SDK from the OTEL_*
+    # variables at start-up. Off, spans are still made under an SDK configured by someone else
+    # (opentelemetry-instrument); with none, nothing is traced.
+    otel: bool = False
     # ZooKeeper registry: HOST:PORT[,HOST:PORT...][/chroot]. Set, the broker keeps an ephemeral
     # znode under <zk_root> (beside heartbeats to ``nameservers``, if any); empty, heartbeats only.
     zk_hosts: str = ""

@@ -78,6 +78,13 @@ class FailoverSettings:
     ha_address: str  # where slaves replicate from
 
 
+# How an election this broker took part in (it saw the group without a master) ended for it:
+# won (it wrote the new epoch and took over), lost (another broker's leader znode appeared:
+# it ranked lower, or its own write lost the race), take_over_failed (it won the write but
+# could not take over, and let go).
+ELECTION_OUTCOMES = ("won", "lost", "take_over_failed")
+
+
 class FailoverAgent(KazooLoopBridge):
     def __init__(
         self,
@@ -104,6 +111,8 @@ class FailoverAgent(KazooLoopBridge):
         self.waiting_reason = ""
         self._leader_session = 0  # our session when we won, to recognise our leader znode
         self._switching = False  # a switchover is handing the group over: no renewals
+        # Elections this broker saw through, by outcome (ELECTION_OUTCOMES), for metrics.
+        self.elections: dict[str, int] = dict.fromkeys(ELECTION_OUTCOMES, 0)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -248,6 +257,8 @@ class FailoverAgent(KazooLoopBridge):
         role = self.role
         state, leader = view.state, view.leader
         if leader is not None:
+            if self._gone_since is not None and leader.broker_id != role.own_id:
+                self.elections["lost"] += 1  # the group was masterless here; another won
             self._gone_since = None
             self.waiting_reason = ""
             if state is None or leader.epoch != state.epoch:
@@ -302,9 +313,17 @@ class FailoverAgent(KazooLoopBridge):
         try:
             await self.hooks.take_over(elected.state, sent, gone_seen)
         except Exception:
+            self.elections["take_over_failed"] += 1
             log.exception("taking over failed; letting go of the leadership")
             await self.release(client)
             await self._step_down("taking over failed")
+        else:
+            self.elections["won"] += 1
+
+    def masterless_s(self, now_ms: int) -> float:
+        """How long this broker has seen its group without a master; 0 while one is known."""
+        since = self._gone_since
+        return 0.0 if since is None else max(0, now_ms - since) / 1000
 
     def _why_waiting(self, state: GroupState | None, candidates: list[Candidate]) -> str:
         if state is None:

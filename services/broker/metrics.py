@@ -7,7 +7,10 @@ brokers in one process (tests) never share series, and nothing global leaks in.
 
 Label cardinality: ``topic`` labels only name topics that exist on this broker (a call about an
 unknown topic fails before it is counted by topic), ``code`` and ``status`` are enum names, and
-``group`` labels come from committed offsets. Nothing is labelled per message or per client.
+``group`` labels come from committed offsets. Per-queue consumer series
+(``tidemq_consumer_offset``, ``tidemq_consumer_queue_lag_messages``) are bounded by committed
+(group, topic) pairs times the topic's queues, and name only queues of existing topics.
+Nothing is labelled per message or per client.
 """
 
 from __future__ import annotations
@@ -23,9 +26,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig
+from tidemq.services.broker.failover import FailoverAgent
 from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.metrics_failover import FailoverCollector
 from tidemq.services.broker.metrics_state import RetentionCollector, StateCollector
 from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.metrics_endpoint import MetricsEndpoint, auth_refusals_counter
 from tidemq.storage import Message, MessageStore
@@ -63,6 +69,8 @@ class BrokerMetrics:
         offsets: OffsetManager,
         groups: SubscriptionGroupManager,
         replication_status: Callable[[], Any],
+        role: RoleState,
+        failover: FailoverAgent | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -155,6 +163,7 @@ class BrokerMetrics:
             StateCollector(config, store, topics, clients, offsets, groups, replication_status)
         )
         r.register(RetentionCollector(store))
+        r.register(FailoverCollector(role, failover))
         # The standard process_* series (CPU, memory, open files), as every exporter has them.
         ProcessCollector(registry=r)
         self.endpoint = MetricsEndpoint(r)

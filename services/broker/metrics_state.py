@@ -91,14 +91,20 @@ class StateCollector:
                 hi = max_offsets[t.topic, q] = self.store.max_offset(t.topic, q)
                 fam["q_max"].add_metric([t.topic, str(q)], hi)
                 fam["q_min"].add_metric([t.topic, str(q)], self.store.min_offset(t.topic, q))
-        # Summed over queues: one series per group and topic, not per queue.
         lag: Tally[tuple[str, str]] = Tally()
-        for key, queues in self.offsets.table.copy().items():
+        for key, queues in sorted(self.offsets.table.copy().items()):
             topic, _, group = key.partition("@")
-            for q, committed in queues.copy().items():
+            for q, committed in sorted(queues.copy().items()):
                 end = max_offsets.get((topic, q))
-                if end is not None:  # offsets of deleted topics or vanished queues are history
-                    lag[group, topic] += max(end - committed, 0)
+                if end is None:  # offsets of deleted topics or vanished queues are history
+                    continue
+                behind = max(end - committed, 0)
+                lag[group, topic] += behind
+                # Per queue as well: one stuck queue hides in a topic's sum while the others
+                # move. Bounded by the topic's queues, as tidemq_queue_max_offset is.
+                labels = [group, topic, str(q)]
+                fam["q_committed"].add_metric(labels, committed)
+                fam["q_lag"].add_metric(labels, behind)
         for (group, topic), n in sorted(lag.items()):
             fam["lag"].add_metric([group, topic], n)
         fam["groups"].add_metric([], len(self.groups.groups))
@@ -227,6 +233,17 @@ _STATE_METRICS: dict[str, tuple[str, str, Sequence[str]]] = {
         "tidemq_consumer_lag_messages",
         "Messages stored but not yet committed by a group, summed over the topic's queues",
         ("group", "topic"),
+    ),
+    "q_committed": (
+        "tidemq_consumer_offset",
+        "Offset a group has committed in a queue (the next it will read)",
+        ("group", "topic", "queue_id"),
+    ),
+    "q_lag": (
+        "tidemq_consumer_queue_lag_messages",
+        "Messages stored in a queue but not yet committed by a group (max offset - committed "
+        "offset, never negative)",
+        ("group", "topic", "queue_id"),
     ),
     "groups": ("tidemq_subscription_groups", "Subscription groups known to this broker", ()),
     # Master side: one series per connected slave.

@@ -23,6 +23,7 @@ from tidemq.replication.epochs import EpochFile
 from tidemq.replication.slave_link import SlaveClient
 from tidemq.services import tls_flags
 from tidemq.services.auth.on_the_wire import wire_guard
+from tidemq.services.broker import tracing
 from tidemq.services.broker.admission_grpc import admission_interceptor
 from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
@@ -184,6 +185,8 @@ class Broker:
                 self.offsets,
                 self.groups,
                 self.replication_status,
+                self.role,
+                self.failover.agent if self.failover is not None else None,
             )
 
         factories = self.logged.factories(
@@ -379,6 +382,7 @@ class Broker:
 
 
 async def serve(config: BrokerConfig) -> None:
+    tracing.setup(config.otel)
     broker = Broker(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -93,6 +93,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         self.receive = (
             ReceiveHandlers(checks, receive(checks), metrics) if receive is not None else None
         )
+        if self.receive is not None:
+            self.broker_admin.receive = self.receive.service
 
     def stop_accepting(self) -> None:
         """Shutdown: new work is refused, and long polls in flight answer now."""
@@ -156,6 +158,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
     async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.broker_admin.GetBrokerStatus(request, context)
 
+    async def GetOffsetTable(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.broker_admin.GetOffsetTable(request, context)
+
     async def Switchover(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.broker_admin.Switchover(request, context)
 
@@ -197,6 +202,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     async def GetReceiveState(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._receive().GetReceiveState(request, context)
+
+    async def GetMessageHistory(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._receive().GetMessageHistory(request, context)
 
     # ------------------------------------------------------------------ transactions
     def _transactions(self) -> TransactionHandlers:

@@ -70,6 +70,8 @@ class Registry(Protocol):
 
     async def cluster_info(self) -> list[ClusterInfo]: ...
 
+    async def topics(self) -> list[str]: ...
+
     async def status(self) -> RegistryStatus: ...
 
 
@@ -155,6 +157,9 @@ class EmbeddedRegistry:
 
     async def cluster_info(self) -> list[ClusterInfo]:
         return self._table.cluster_info()
+
+    async def topics(self) -> list[str]:
+        return self._table.topics()
 
     async def status(self) -> RegistryStatus:
         return RegistryStatus(

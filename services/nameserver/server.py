@@ -33,6 +33,7 @@ from tidemq.services.dev import die_with_parent
 from tidemq.services.errors import add_servicer
 from tidemq.services.metrics_endpoint import MetricsEndpoint, auth_refusals_counter
 from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver.metrics import NameServerMetrics
 from tidemq.services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig, Registry
 from tidemq.services.nameserver.servicer import NameServerServicer, parse_host_port
 from tidemq.services.nameserver.zk_registry import ZooKeeperRegistry, ZooKeeperRegistryConfig
@@ -72,7 +73,8 @@ async def serve(
     Port 0 in ``listen`` binds any free port; the bound address is logged either way. With
     ``tls`` the port serves TLS only. With ``acl_path`` (or mutual TLS) calls are checked as
     docs/security.md says. With ``metrics_listen`` (HOST:PORT) Prometheus ``/metrics`` is served
-    there: the refused calls (``tidemq_auth_refusals_total``) and the process's own series.
+    there: the refused calls (``tidemq_auth_refusals_total``), the registry and route queries
+    (``metrics``) and the process's own series.
     """
     try:
         host, _ = parse_host_port(listen, allow_port_zero=True)
@@ -105,6 +107,7 @@ async def serve(
     metrics = CollectorRegistry()
     refusals = auth_refusals_counter(metrics)
     ProcessCollector(registry=metrics)
+    served = NameServerMetrics(metrics, registry, asyncio.get_running_loop())
     try:
         guard = wire_guard(
             acl_path=acl_path,
@@ -117,7 +120,7 @@ async def serve(
         raise StartupError(str(e)) from None
     add_servicer(
         nameserver_pb2_grpc.add_NameServerServicer_to_server,
-        NameServerServicer(registry),
+        NameServerServicer(registry, served.route_query),
         server,
         guard,
     )
@@ -227,7 +230,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-listen",
         default="",
         metavar="HOST:PORT",
-        help="serve Prometheus /metrics here: refused calls and the process (default: none)",
+        help="serve Prometheus /metrics here: brokers, topics, route queries, refused calls "
+        "and the process (default: none)",
     )
     tls_flags.add_arguments(parser)
     auth_flags.add_arguments(parser)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 E = common_pb2
 T = TypeVar("T")
 
+# How a QueryRoute ended: a route, none for the topic, the registry not read yet (ZooKeeper),
+# or a topic name refused.
+ROUTE_QUERY_OUTCOMES = ("found", "not_found", "unavailable", "invalid")
 NAME_MAX_CHARS = 127  # cluster and broker names; the same bound as a topic name
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+\Z")
 _HOST_LABEL_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
@@ -218,8 +221,12 @@ async def _answer(context: Any, work: Awaitable[T]) -> T:
 class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):  # type: ignore[misc]
     """grpc.aio handlers over one Registry."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(
+        self, registry: Registry, on_route_query: Callable[[str], None] | None = None
+    ) -> None:
         self._registry = registry
+        # Hears each QueryRoute's outcome (ROUTE_QUERY_OUTCOMES), for metrics.
+        self._on_route_query = on_route_query or (lambda _outcome: None)
 
     async def RegisterBroker(self, request: Any, context: Any) -> Any:
         return await _answer(context, self._register(request))
@@ -253,11 +260,18 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):  # type: ignor
         return nameserver_pb2.UnregisterBrokerResponse()
 
     async def _query_route(self, request: Any) -> Any:
-        topic = _topic("topic", request.topic)
-        route = await self._registry.route(topic)
-        if route is None:
-            raise not_found(f"no broker group serves topic {topic!r}", E.ROUTE_NOT_FOUND)
-        return route_to_wire(route)
+        outcome = "invalid"
+        try:
+            topic = _topic("topic", request.topic)
+            outcome = "unavailable"
+            route = await self._registry.route(topic)
+            if route is None:
+                outcome = "not_found"
+                raise not_found(f"no broker group serves topic {topic!r}", E.ROUTE_NOT_FOUND)
+            outcome = "found"
+            return route_to_wire(route)
+        finally:
+            self._on_route_query(outcome)
 
     async def _cluster_info(self) -> Any:
         clusters = await self._registry.cluster_info()

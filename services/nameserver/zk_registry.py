@@ -209,6 +209,9 @@ class ZooKeeperRegistry(KazooLoopBridge):
     async def cluster_info(self) -> list[ClusterInfo]:
         return self._loaded().cluster_info()
 
+    async def topics(self) -> list[str]:
+        return self._loaded().topics()
+
     async def status(self) -> RegistryStatus:
         detail = f"ZooKeeper {self.where}: {self._state}"
         if self._table is None:

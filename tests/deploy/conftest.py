@@ -45,6 +45,19 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "failover": {"mode": "automatic", "electionPriority": 3},
         "broker": {"groups": 2, "slavesPerGroup": 1},
     },
+    "monitoring-and-console": {
+        "metrics": {"serviceMonitor": {"enabled": True}},
+        "monitoring": {
+            "dashboard": {"enabled": True, "annotations": {"grafana_folder": "tidemq"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+        },
+        "broker": {"replication": "SYNC", "slavesPerGroup": 2},
+        "console": {
+            "enabled": True,
+            "credentials": {"existingSecret": "tidemq-console-account"},
+            "ingress": {"enabled": True, "className": "nginx", "hostname": "mq.example.com"},
+        },
+    },
     "service-monitor-hard-anti-affinity": {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "broker": {"podAntiAffinityPreset": "hard"},

@@ -38,7 +38,7 @@ pytestmark = [
 
 
 # Kinds from CRDs have no schema in kubernetes-validate; their fields are asserted below.
-CRD_KINDS = {"ServiceMonitor"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
@@ -240,7 +240,7 @@ def test_zookeeper_bundled_or_external(rendered: Rendered) -> None:
 
 def test_service_monitor_scrapes_the_brokers_metrics_port() -> None:
     objects = render(VALUE_SETS["service-monitor-hard-anti-affinity"])
-    (sm,) = of_kind(objects, "ServiceMonitor").values()
+    sm = of_kind(objects, "ServiceMonitor")[f"{RELEASE}-tidemq-broker"]
     assert sm["apiVersion"] == "monitoring.coreos.com/v1"
     assert sm["metadata"]["labels"]["release"] == "prom"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"

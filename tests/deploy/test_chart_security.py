@@ -132,8 +132,10 @@ def test_network_policies_admit_clients_to_the_client_ports_only() -> None:
     assert clients["from"] == [apps, release]
     assert [p["port"] for p in metrics["ports"]] == [9108]
     assert metrics["from"] == [release, monitoring]
-    (ns_clients,) = policies[f"{FULLNAME}-nameserver"]["spec"]["ingress"]
+    ns_clients, ns_metrics = policies[f"{FULLNAME}-nameserver"]["spec"]["ingress"]
     assert [p["port"] for p in ns_clients["ports"]] == [9876]
+    assert [p["port"] for p in ns_metrics["ports"]] == [9108]
+    assert ns_metrics["from"] == [release, monitoring]
     (zk,) = policies[f"{FULLNAME}-zookeeper"]["spec"]["ingress"]
     assert zk == {"from": [release]}
     # Without clientsFrom, anyone may reach the client ports, and only them.

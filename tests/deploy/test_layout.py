@@ -140,5 +140,5 @@ def test_the_wheel_installs_one_top_level_package(tmp_path: Path) -> None:
         "tidemq/pipeline/source.py",
     ):
         assert member in names
-    for command in ("broker", "dev", "nameserver", "pipeline", "store"):
+    for command in ("broker", "console", "dev", "nameserver", "pipeline", "store"):
         assert f"\n{command} = tidemq." in commands

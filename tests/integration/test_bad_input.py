@@ -157,6 +157,9 @@ def test_every_lookup_of_a_missing_topic_is_not_found(broker: Broker, topic: str
             broker_pb2.CommitOffsetRequest(group="g", topic=topic, offset=1), timeout=10
         ),
         lambda: s.DeleteTopic(broker_pb2.DeleteTopicRequest(topic=topic), timeout=10),
+        lambda: s.GetMessageHistory(
+            broker_pb2.GetMessageHistoryRequest(topic=topic, queue_offset=0), timeout=10
+        ),
     ]
     for call in calls:
         assert_refused(call, NOT_FOUND, E.TOPIC_NOT_FOUND)
@@ -179,6 +182,9 @@ def test_queue_ids_out_of_range(broker: Broker, queue_id: int) -> None:
         lambda: s.CommitOffset(
             broker_pb2.CommitOffsetRequest(group="g", topic="orders", queue_id=queue_id),
             timeout=10,
+        ),
+        lambda: s.GetMessageHistory(
+            broker_pb2.GetMessageHistoryRequest(topic="orders", queue_id=queue_id), timeout=10
         ),
     ]
     for call in calls:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,7 @@ class Dev:
 
 
 def start_dev(data: Path, log: Path) -> Dev:
-    ns_port, broker_port = free_port(), free_port()
+    ns_port, broker_port, console_port = free_port(), free_port(), free_port()
     with log.open("a") as out:
         proc = subprocess.Popen(
             [
@@ -52,6 +54,8 @@ def start_dev(data: Path, log: Path) -> Dev:
                 str(ns_port),
                 "--broker-port",
                 str(broker_port),
+                "--console-port",
+                str(console_port),
                 "--store-overrides",
                 SMALL_STORE,
             ],
@@ -99,6 +103,10 @@ def test_dev_cluster_send_consume_restart_keeps_data(tmp_path: Path) -> None:
     try:
         banner = dev.output()
         assert dev.nameserver in banner and "tidemq send" in banner  # next commands shown
+        # The web console runs beside the cluster, at the address the banner prints.
+        [console_url] = re.findall(r"console\s+(http://\S+)", banner)
+        with urllib.request.urlopen(console_url + "healthz", timeout=5) as r:
+            assert json.loads(r.read())["ok"] is True
         sent = tidemq(
             dev.nameserver, "send", "orders", "hello tidemq", "--tag", "created", "--key", "o-1"
         )

@@ -1,6 +1,7 @@
 """RECEIVE_LOG event records: golden bytes of every kind, round trips, refusals, sizes."""
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,7 @@ from tidemq.services.broker.receive.events import (
     decode_event,
     encode_event,
     message_group_hash,
+    recorded_client_id,
 )
 
 pytestmark = pytest.mark.unit
@@ -36,6 +38,11 @@ GOLDEN: list[tuple[Event, str]] = [
         "02 14 01 00  04 02 07"  # 2 delivered: (10, attempt 1, no group), (+2, attempt 2, 7)
         "01 16"  # 1 filtered: 11
         "01 1a 07",  # 1 held: (13, group 7)
+    ),
+    (
+        Received(K, 1000, 31000, ((10, 1, 0), (12, 2, 7)), (11,), ((13, 7),), 14, "c1"),
+        "01 07" + KEY_BYTES + "0002 6331"  # kind 7: client "c1", then kind 2's fields
+        "e807 e0d403 0e 02 14 01 00  04 02 07 01 16 01 1a 07",
     ),
     (Acked(K, ((10, 500), (12, 400))), "01 03" + KEY_BYTES + "02 14 e807 04 c701"),
     (Changed(K, 2000, ((10, 500, 3000),), True), "01 04" + KEY_BYTES + "d00f 01 01 14 e807 d00f"),
@@ -114,6 +121,7 @@ def _random_event(rng: random.Random) -> Event:
             tuple(off() for _ in range(rng.randint(0, 5))),
             tuple((off(), rng.randint(1, 2**63 - 1)) for _ in range(rng.randint(0, 5))),
             off(),
+            rng.choice(["", "host@123@abc", "клиент"]),
         )
     if kind == 3:
         return Acked(key, tuple((off(), off()) for _ in range(n)))
@@ -175,3 +183,28 @@ def test_encode_refuses_negative_offsets() -> None:
         encode_event(Acked(K, ((-1, 5),)))
     with pytest.raises(ValueError, match="negative"):
         encode_event(Init(K, -3))
+
+
+def test_a_received_without_client_keeps_the_version_1_kind_2_bytes() -> None:
+    # Records written before kind 7 existed decode as receives by an unknown client.
+    v1 = bytes.fromhex(GOLDEN[1][1])
+    assert v1[:2] == b"\x01\x02"
+    ev = decode_event(v1)
+    assert isinstance(ev, Received)
+    assert ev.client_id == ""
+    assert encode_event(ev) == v1
+
+
+def test_a_received_by_a_client_decodes_to_the_same_state_change_as_kind_2() -> None:
+    by = decode_event(bytes.fromhex(GOLDEN[2][1]))
+    plain = decode_event(bytes.fromhex(GOLDEN[1][1]))
+    assert isinstance(by, Received)
+    assert by.client_id == "c1"
+    assert replace(by, client_id="") == plain
+
+
+def test_recorded_client_ids_are_cut_to_255_bytes_on_a_character_boundary() -> None:
+    assert recorded_client_id("host@1@x") == "host@1@x"
+    cut = recorded_client_id("é" * 200)  # 400 bytes
+    assert cut == "é" * 127
+    assert len(recorded_client_id("x" * 70_000).encode()) == 255

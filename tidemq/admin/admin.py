@@ -21,6 +21,8 @@ from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.admin.consumer_groups import AsyncConsumerGroups, ConsumerGroups
 from tidemq.admin.dead_letters import AsyncDeadLetters, DeadLetters
 from tidemq.admin.delayed import AsyncDelayed, Delayed
+from tidemq.admin.messages import AsyncMessages, Messages
+from tidemq.admin.offset_tables import AsyncOffsetTables
 from tidemq.admin.status import broker_json, broker_status_json, nameserver_json
 from tidemq.admin.transactions import AsyncTransactions, Transactions
 from tidemq.errors import (
@@ -61,7 +63,14 @@ class QueueStatus:
         return max(0, self.max_offset - self.committed_offset)
 
 
-class AsyncAdmin(AsyncConsumerGroups, AsyncDeadLetters, AsyncDelayed, AsyncTransactions):
+class AsyncAdmin(
+    AsyncConsumerGroups,
+    AsyncDeadLetters,
+    AsyncDelayed,
+    AsyncTransactions,
+    AsyncOffsetTables,
+    AsyncMessages,
+):
     def __init__(
         self,
         nameserver: str | Sequence[str] | None = None,
@@ -338,7 +347,7 @@ def _gone(route: TopicRoute | None) -> bool:
     return route is None
 
 
-class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions):
+class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions, Messages):
     """The blocking admin client; every method of ``AsyncAdmin``, waiting for the answer."""
 
     def __init__(

@@ -1,10 +1,11 @@
 """The ``tidemq`` command line.
 
-The client commands (topic, send, consume, receive, delayed, transactions, consumer-group, dlq,
-cluster, broker-group, bench, health) belong to the SDK and are added here. The server commands
-(``broker``, ``nameserver``, ``dev``, ``store``, ``pipeline``) register themselves: each names a
-function in the ``tidemq.commands`` entry-point group (pyproject.toml) that adds its subcommand,
-so this module imports no server code and a client-only use of the CLI loads none.
+The client commands (topic, send, consume, message, receive, delayed, transactions,
+consumer-group, dlq, cluster, broker-group, bench, health) belong to the SDK and are added
+here. The server commands (``broker``, ``nameserver``, ``dev``, ``store``, ``pipeline``)
+register themselves: each names a function in the ``tidemq.commands`` entry-point group
+(pyproject.toml) that adds its subcommand, so this module imports no server code and a
+client-only use of the CLI loads none.
 
 Every command sets ``func`` (it returns the exit code) and may set ``log_level``: servers log
 their lifecycle by default, offline tools stay quiet unless ``-v`` or ``--log-level`` is given.
@@ -26,6 +27,7 @@ from tidemq.cli import (
     consumer_groups,
     delayed,
     dlq,
+    message_views,
     messages,
     receive,
     topics,
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (
         topics,
         messages,
+        message_views,
         receive,
         delayed,
         transactions,

@@ -15,6 +15,7 @@ from typing import Any
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
 from tidemq.consumer.brokers import Brokers
 from tidemq.consumer.config import ConsumerConfig, default_client_id
+from tidemq.consumer.consume_tracing import consume_tracing
 from tidemq.consumer.membership import Membership
 from tidemq.consumer.offsets import Offsets
 from tidemq.consumer.pulling import Puller, QueueState
@@ -40,6 +41,8 @@ class AsyncConsumer:
         self.topics = (topic,) if isinstance(topic, str) else tuple(topic)
         if not self.topics or not all(self.topics):
             raise ValueError("at least one topic is required")
+        # Tracing (``consume_tracing``): an OpenTelemetry TracerProvider, else the global one.
+        self._tracing = consume_tracing(settings.pop("tracer_provider", None), group)
         self.config = ConsumerConfig(**settings)
         self.client_id = self.config.client_id or default_client_id()
         self._channels = Channels(self.config.tls, self.config.credentials)
@@ -139,6 +142,8 @@ class AsyncConsumer:
             got = self._take(max_messages)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
+                if got and self._tracing is not None:
+                    self._tracing.received(got)
                 return got
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
@@ -168,6 +173,8 @@ class AsyncConsumer:
                     st.delivered = max(st.delivered, st.next_pull)
                 if len(st.buffer) < self.config.queue_buffer_messages:
                     st.space.set()
+        if out and self.config.metrics is not None:
+            self.config.metrics.received_messages(self.group, out)
         return out
 
     # ------------------------------------------------------------------ offsets

@@ -58,12 +58,17 @@ class Offsets:
                 st.committed = offset
                 changed = True
                 continue
+            metrics = self.config.metrics
             try:
                 await self._commit_one(st, offset)
             except TidemqError as e:
                 self._report(e)
                 log.warning("committing %s at %d failed: %s", st.mq, offset, e)
+                if metrics is not None:
+                    metrics.committed(st.mq.topic, self.group, ok=False)
                 continue
+            if metrics is not None:
+                metrics.committed(st.mq.topic, self.group, ok=True)
             st.committed = offset
         if changed and self._local_store is not None:
             await asyncio.get_running_loop().run_in_executor(

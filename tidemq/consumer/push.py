@@ -28,6 +28,7 @@ from typing import Any
 from tidemq._runtime import monotonic_ms
 from tidemq.consumer.acks import AckBatcher
 from tidemq.consumer.config import default_client_id
+from tidemq.consumer.consume_tracing import consume_tracing
 from tidemq.consumer.listener_threads import ListenerThreads
 from tidemq.consumer.push_listening import (
     AsyncListener,
@@ -101,6 +102,7 @@ class AsyncPushConsumer:
         self._background: list[asyncio.Task[None]] = []
         self._started = False
         self._closed = False
+        self._tracing = consume_tracing(self.config.tracer_provider, group)
 
     async def start(self) -> AsyncPushConsumer:
         if self._closed:
@@ -191,9 +193,12 @@ class AsyncPushConsumer:
         assert self._idle is not None
         self._idle.clear()
         if self._threads is not None:
-            assert self._sync_listener is not None
+            listener = self._sync_listener
+            assert listener is not None
+            if self._tracing is not None:
+                listener = self._tracing.wrap_listener(listener)
             self._threads.submit(
-                self._sync_listener, message, functools.partial(self._answered, message, hold)
+                listener, message, functools.partial(self._answered, message, hold)
             )
             return
         self._track(self._consume(message, hold))
@@ -251,9 +256,15 @@ class AsyncPushConsumer:
         the listener slot when it is done."""
         try:
             try:
-                result = self._listener(message)
-                if inspect.isawaitable(result):
-                    result = await result
+                if self._tracing is None:
+                    result = self._listener(message)
+                    if inspect.isawaitable(result):
+                        result = await result
+                else:
+                    with self._tracing.processing(message):
+                        result = self._listener(message)
+                        if inspect.isawaitable(result):
+                            result = await result
             except Exception:
                 log.exception(
                     "listener failed on %s (attempt %d)", message.msg_id, message.delivery_attempt

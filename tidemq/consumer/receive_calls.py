@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
@@ -38,6 +38,9 @@ from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings
 from tidemq.routes import NameServerClient, RouteCache
 from tidemq.types import ReceivedMessage
+
+if TYPE_CHECKING:
+    from tidemq.metrics import ClientMetrics
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ class ReceiveCalls:
             route_refresh_ms=config.route_refresh_ms,
             tls=config.tls,
             credentials=config.credentials,
+            metrics=config.metrics,
         )
 
     def __init__(
@@ -88,6 +92,7 @@ class ReceiveCalls:
         route_refresh_ms: int,
         tls: TlsSettings | bool | None = None,
         credentials: Credentials | bool | None = None,
+        metrics: ClientMetrics | None = None,
     ) -> None:
         if not isinstance(group, str) or not group:
             raise ValueError("group is required")
@@ -100,6 +105,7 @@ class ReceiveCalls:
         self._nameserver = NameServerClient(nameserver_addresses(nameserver), self._channels)
         self.routes = RouteCache(self._nameserver, route_refresh_ms / 1000)
         self._next_target = 0
+        self.metrics = metrics
 
     async def close(self) -> None:
         await self._channels.close()
@@ -240,6 +246,8 @@ class ReceiveCalls:
             if e.retriable:
                 self.routes.invalidate(t.topic)
             raise
+        if self.metrics is not None:
+            self.metrics.received_from(t.topic, self.group, len(resp.messages))
         return [ReceivedMessage.from_received(r, t.broker) for r in resp.messages]
 
     def receive_request(
@@ -268,16 +276,32 @@ class ReceiveCalls:
         request = broker_pb2.AckMessageRequest(
             group=self.group, topic=topic, receipt_handles=handles
         )
-        resp, _ = await self.to_master(topic, broker, "AckMessage", request)
-        return per_handle(resp.results, handles, f"broker group {broker}")
+        try:
+            resp, _ = await self.to_master(topic, broker, "AckMessage", request)
+        except TidemqError as e:
+            self._settled("ack", topic, [e] * len(handles))
+            raise
+        results = per_handle(resp.results, handles, f"broker group {broker}")
+        self._settled("ack", topic, results)
+        return results
 
     async def nack(self, topic: str, broker: str, handles: list[str]) -> list[TidemqError | None]:
         request = broker_pb2.NackMessageRequest(
             group=self.group, topic=topic, receipt_handles=handles
         )
-        resp, retried = await self.to_master(topic, broker, "NackMessage", request)
+        try:
+            resp, retried = await self.to_master(topic, broker, "NackMessage", request)
+        except TidemqError as e:
+            self._settled("nack", topic, [e] * len(handles))
+            raise
         results = per_handle(resp.results, handles, f"broker group {broker}")
-        return nacked_after_retry(results) if retried else results
+        results = nacked_after_retry(results) if retried else results
+        self._settled("nack", topic, results)
+        return results
+
+    def _settled(self, kind: str, topic: str, results: list[TidemqError | None]) -> None:
+        if self.metrics is not None:
+            self.metrics.settled(kind, topic, self.group, results)
 
     async def change_invisible_duration(self, message: ReceivedMessage, invisible_ms: int) -> None:
         request = broker_pb2.ChangeInvisibleDurationRequest(

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from tidemq.errors import InvalidArgumentError
 from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings
+
+if TYPE_CHECKING:
+    from tidemq.metrics import ClientMetrics
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,11 @@ class SimpleConsumerConfig:
     # Credentials (docs/security.md): every request is signed with this access key and secret
     # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
     credentials: Credentials | bool | None = None
+    # Tracing (docs/sdk.md): an OpenTelemetry TracerProvider; None: the global one (spans only
+    # when an SDK is configured).
+    tracer_provider: Any = field(default=None, compare=False)
+    # Prometheus metrics (``tidemq.metrics``, docs/sdk.md): None keeps none, at no cost.
+    metrics: ClientMetrics | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)
@@ -70,6 +79,10 @@ class PushConsumerConfig:
     # Credentials (docs/security.md): every request is signed with this access key and secret
     # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
     credentials: Credentials | bool | None = None
+    # Tracing (docs/sdk.md): as SimpleConsumerConfig's.
+    tracer_provider: Any = field(default=None, compare=False)
+    # Prometheus metrics (``tidemq.metrics``, docs/sdk.md): None keeps none, at no cost.
+    metrics: ClientMetrics | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problems = _common_problems(self)

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from tidemq._runtime import LoopThread
 from tidemq.consumer.config import default_client_id
+from tidemq.consumer.consume_tracing import consume_tracing
 from tidemq.consumer.receive_calls import ReceiveCalls, heartbeat_loop, start_membership
 from tidemq.consumer.receive_config import (
     SimpleConsumerConfig,
@@ -49,6 +50,7 @@ class AsyncSimpleConsumer:
         self._heartbeats: asyncio.Task[None] | None = None
         self._started = False
         self._closed = False
+        self._tracing = consume_tracing(self.config.tracer_provider, group)
 
     async def start(self) -> AsyncSimpleConsumer:
         """Announces the member to the brokers (model RECEIVE); a group that consumes by
@@ -89,7 +91,10 @@ class AsyncSimpleConsumer:
             wait_ms = round(timeout_s * 1000)
         else:
             raise InvalidArgumentError("timeout_s must be >= 0", code="INVALID_ARGUMENT")
-        return await self._calls.receive(max_messages, duration_ms, wait_ms)
+        messages = await self._calls.receive(max_messages, duration_ms, wait_ms)
+        if messages and self._tracing is not None:
+            self._tracing.received(messages)
+        return messages
 
     async def ack(self, message: ReceivedMessage) -> None:
         """Completes the message. ``ReceiptHandleExpired`` when its invisibility ended first
@@ -103,7 +108,13 @@ class AsyncSimpleConsumer:
         """Acks many at once (one call per broker group and topic); for each message None, or
         the error its ack got (its own, or its call's when that failed as a whole)."""
         self._check_open()
-        return await settle_many(self._calls.ack, list(messages))
+        settled = list(messages)
+        if self._tracing is None:
+            return await settle_many(self._calls.ack, settled)
+        with self._tracing.acking(settled) as span:
+            errors = await settle_many(self._calls.ack, settled)
+            self._tracing.settled(span, errors)
+        return errors
 
     async def nack(self, message: ReceivedMessage) -> None:
         """Gives the message back: delivered again after the group's backoff for its attempt,

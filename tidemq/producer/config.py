@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings
+
+if TYPE_CHECKING:
+    from tidemq.metrics import ClientMetrics
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,8 @@ class ProducerConfig:
     # Credentials (docs/security.md): every request is signed with this access key and secret
     # key; False: none; None: the TIDEMQ_ACCESS_KEY/TIDEMQ_SECRET_KEY variables decide.
     credentials: Credentials | bool | None = None
+    # Prometheus metrics (``tidemq.metrics``, docs/sdk.md): None keeps none, at no cost.
+    metrics: ClientMetrics | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         problems = []

@@ -11,9 +11,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tidemq.metrics import FAILED
 from tidemq.types import SendResult
 
 if TYPE_CHECKING:
+    from tidemq.metrics import ClientMetrics
     from tidemq.producer.blocks import Block, BlockAnswer
     from tidemq.producer.pending import Pending
 
@@ -136,10 +138,13 @@ class Unanswered:
     counts them with ``expect``; each is answered once, by ``complete`` or ``fail``; ``idle`` is
     set while none is left. Runs on the producer's loop only."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: ClientMetrics | None = None) -> None:
         self.count = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        # Every failure passes here, wherever it happened (no route, refused, timed out,
+        # closed); successes are counted by request in the sender.
+        self.metrics = metrics
 
     def expect(self, n: int) -> None:
         self.count += n
@@ -157,6 +162,8 @@ class Unanswered:
 
     def fail(self, p: Pending | Block, error: BaseException) -> None:
         p.fail(error)
+        if self.metrics is not None:
+            self.metrics.sent(p.topic, FAILED, p.count)
         self._finished(p.count)
 
     def complete_block(self, block: Block, answer: BlockAnswer) -> None:

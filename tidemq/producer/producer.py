@@ -28,10 +28,12 @@ from tidemq.producer.idempotence import ProducerIdentity
 from tidemq.producer.pending import Pending
 from tidemq.producer.recall import recall_message
 from tidemq.producer.routing import QueueSelector
+from tidemq.producer.send_tracing import TracedBlockCollector, send_tracing
 from tidemq.producer.sender import FAILOVER_POLL_S, Sender
 from tidemq.producer.transaction_sends import TransactionalSends
 from tidemq.producer.transactions import AsyncTransaction
 from tidemq.routes import NameServerClient, RouteCache, TopicRoute
+from tidemq.tracing import tracer_of
 from tidemq.types import Message, SendResult, message_group_of
 
 log = logging.getLogger(__name__)
@@ -100,7 +102,11 @@ class AsyncProducer:
         # name where to watch for them before this producer sends a transaction itself.
         checker = settings.pop("transaction_checker", None)
         self._transaction_topics = tuple(settings.pop("transaction_topics", ()))
+        # Tracing (``send_tracing``): an OpenTelemetry TracerProvider, else the global one;
+        # decided here, once, so an untraced producer does no tracing work per message.
+        provider = settings.pop("tracer_provider", None)
         self.config = ProducerConfig(**settings)
+        self._tracing = send_tracing(tracer_of(provider), self.config.group)
         self._nameservers = nameserver_addresses(nameserver)
         self._awaiting_route: dict[str, list[Pending | Block]] = {}
         self._inbox: deque[Pending] = deque()
@@ -117,7 +123,7 @@ class AsyncProducer:
         self.routes = RouteCache(self._nameserver, 3 * self.config.route_refresh_ms / 1000)
         # The produce path: placed on a queue by the selector, batched by the accumulator,
         # sent by the sender, answered through ``_unanswered``.
-        self._unanswered = Unanswered()
+        self._unanswered = Unanswered(self.config.metrics)
         # Where the blocking API's callers wait for answers (``futures``).
         self.hub = Hub()
         # Plain messages' record blocks (``blocks``), filled from any thread once started.
@@ -137,12 +143,17 @@ class AsyncProducer:
         if not self._started:
             self._loop = asyncio.get_running_loop()
             if self.config.record_blocks:
-                self.blocks = BlockCollector(
+                args = (
                     self.config,
                     self.hub,
                     self._loop,
                     self._accept_block,
                     self._accumulator.can_send,
+                )
+                self.blocks = (
+                    BlockCollector(*args)
+                    if self._tracing is None
+                    else TracedBlockCollector(self._tracing, *args)
                 )
                 if self.config.linger_ms <= 0:
                     self._accumulator.on_idle = self.blocks.take_open
@@ -343,6 +354,8 @@ class AsyncProducer:
             group,
         )
         pending.delivery = when
+        if self._tracing is not None:
+            self._tracing.trace_pending(pending)
         return pending
 
     def _check_open(self) -> None:

@@ -22,6 +22,7 @@ from tidemq.producer.blocks import Block, BlockAnswer
 from tidemq.producer.config import ProducerConfig, ProducerStats
 from tidemq.producer.futures import MessageFuture, Unanswered
 from tidemq.producer.idempotence import ProducerIdentity
+from tidemq.producer.metering import record_answer, record_retry
 from tidemq.producer.pending import Pending
 from tidemq.producer.routing import QueueSelector
 from tidemq.protos import broker_pb2, broker_pb2_grpc
@@ -107,6 +108,7 @@ class Sender:
         self._selector = selector
         self._unanswered = unanswered
         self.stats = stats
+        self.metrics = config.metrics
 
     async def deliver(self, batch: Sequence[Sendable]) -> None:
         """Send, retrying what failed retriably; every future ends done."""
@@ -135,6 +137,8 @@ class Sender:
                 async for attempt in attempts:
                     with attempt:
                         remaining = await self._reroute(remaining, frozenset(failed_on))
+                        if self.metrics is not None:
+                            record_retry(self.metrics, remaining)
                         await self._send_once(remaining, failed_on)
             except _Retriable as e:
                 remaining = e.left
@@ -297,6 +301,8 @@ class Sender:
                 fault.record_failure(broker, monotonic_ms())
             return group, err
         fault.record_latency(broker, (time.monotonic() - started) * 1000, monotonic_ms())
+        if self.metrics is not None:
+            record_answer(self.metrics, blocks, messages, resp, self.config.send_timeout_ms / 1000)
         name = resp.broker_name or broker
         epoch = resp.epoch
         if blocks:

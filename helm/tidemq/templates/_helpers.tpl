@@ -379,6 +379,28 @@ Validation: every rule adds its message; the render fails once with all of them.
 {{- if and $v.metrics.serviceMonitor.enabled (not $v.metrics.enabled) -}}
 {{- $m = append $m "metrics.serviceMonitor.enabled needs metrics.enabled=true (nothing to scrape otherwise)" -}}
 {{- end -}}
+{{- if and $v.monitoring.prometheusRule.enabled (not $v.metrics.enabled) -}}
+{{- $m = append $m "monitoring.prometheusRule.enabled needs metrics.enabled=true (the alerts read the servers' metrics)" -}}
+{{- end -}}
+{{- if and $v.monitoring.dashboard.enabled (not $v.monitoring.dashboard.label) -}}
+{{- $m = append $m "monitoring.dashboard.label: the label Grafana's sidecar selects dashboards by, e.g. grafana_dashboard" -}}
+{{- end -}}
+{{- if $v.console.enabled -}}
+{{- if and $v.tls.enabled (eq $v.tls.clientAuth "require") -}}
+{{- $m = append $m "console.enabled: the console has no client certificate, so it cannot join a cluster with tls.clientAuth=require" -}}
+{{- end -}}
+{{- if not (has $v.console.logFormat (list "text" "json")) -}}
+{{- $m = append $m (printf "console.logFormat: must be text or json, got %v" $v.console.logFormat) -}}
+{{- end -}}
+{{- range $what, $port := dict "console.containerPorts.http" $v.console.containerPorts.http "console.service.ports.http" $v.console.service.ports.http -}}
+{{- if or (not (regexMatch "^[0-9]+$" (toString $port))) (lt (int $port) 1) (gt (int $port) 65535) -}}
+{{- $m = append $m (printf "%s: must be a port number (1 to 65535), got %v" $what $port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.metrics.enabled (eq (int $v.nameserver.containerPorts.metrics) (int $v.nameserver.containerPorts.grpc)) -}}
+{{- $m = append $m "nameserver.containerPorts: grpc and metrics (with metrics.enabled) must be different ports" -}}
+{{- end -}}
 {{- if $m -}}
 {{- printf "\nVALUES VALIDATION:\n- %s" (join "\n- " $m) | fail -}}
 {{- end -}}

@@ -15,8 +15,10 @@ from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.errors import ServiceError, invalid
 from tidemq.storage import MessageStore
+from tidemq.storage.clock import now_ms
 
 
 class FailoverControl(Protocol):
@@ -48,6 +50,8 @@ class BrokerAdminHandlers:
         self.replication_status = replication_status
         self.failover = failover
         self.metrics = metrics
+        # Set by the servicer when the broker serves receive/ack consumption.
+        self.receive: ReceiveService | None = None
 
     @typed_errors
     async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -66,6 +70,41 @@ class BrokerAdminHandlers:
             replication=self.replication_status() if self.replication_status else None,
             failover=self.failover.status() if self.failover is not None else None,
         )
+
+    @typed_errors
+    async def GetOffsetTable(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        stamp_ms = now_ms()
+        out = broker_pb2.GetOffsetTableResponse(now_ms=stamp_ms)
+        for t in self.topics.all():
+            for q in range(t.read_queue_nums):
+                out.queues.add(
+                    topic=t.topic,
+                    queue_id=q,
+                    min_offset=self.store.min_offset(t.topic, q),
+                    max_offset=self.store.max_offset(t.topic, q),
+                )
+        for c in self.offsets.entries():
+            out.positions.add(group=c.group, topic=c.topic, queue_id=c.queue_id, offset=c.offset)
+        receive = self.receive
+        if receive is not None:
+            states = receive.states
+            keys = states.keys()
+            for key in keys:
+                state = states.get(key)
+                if state is None:
+                    continue
+                policy = receive.settings(key.group).retry_policy
+                inflight, retrying, _ = state.counts(stamp_ms, policy)
+                out.positions.add(
+                    group=key.group,
+                    topic=key.topic,
+                    queue_id=key.queue_id,
+                    offset=state.floor,
+                    receive=True,
+                    inflight=inflight,
+                    retrying=retrying,
+                )
+        return out
 
     @typed_errors
     async def Switchover(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

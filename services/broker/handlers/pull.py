@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2
+from tidemq.services.broker import tracing
 from tidemq.services.broker.admission_grpc import stepped_aside
 from tidemq.services.broker.convert import parse_tag_expression
 from tidemq.services.broker.groups import OFFSETS, SubscriptionGroupManager
@@ -55,6 +56,12 @@ class PullHandler:
     @typed_errors
     async def PullMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         answer = await self._pull(request)
+        tracer = tracing.TRACER
+        if tracer is not None and answer.messages:
+            tracing.delivered(
+                tracer, "pull", request.topic, request.group, answer.parts, answer.messages,
+                request.queue_id,
+            )  # fmt: skip
         if self.metrics is not None:
             self.metrics.pulled(
                 request.topic,

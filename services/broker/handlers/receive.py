@@ -1,6 +1,7 @@
 """Receive/ack consumption: ReceiveMessage, AckMessage, NackMessage, ChangeInvisibleDuration,
 DeadLetterMessage and GetReceiveState, handed to the ``ReceiveService`` (which validates
-everything before it records anything)."""
+everything before it records anything); GetMessageHistory, a scan of the receive log
+(``receive.history``)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 import grpc
 
 from tidemq.protos import broker_pb2
+from tidemq.services.broker import tracing
 from tidemq.services.broker.groups import RECEIVE
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
+from tidemq.services.broker.receive.history import message_history
 from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.broker.receive.settle import Settlement
 
@@ -27,7 +30,15 @@ class ReceiveHandlers:
 
     @typed_errors
     async def ReceiveMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self.service.receive(request)
+        encoded = await self.service.receive(request)
+        tracer = tracing.TRACER
+        if tracer is not None:
+            count = len(broker_pb2.ReceiveMessageResponse.FromString(encoded).messages)
+            if count:
+                tracing.delivered(
+                    tracer, "receive", request.topic, request.group, (encoded,), count
+                )
+        return encoded
 
     @typed_errors
     async def AckMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -56,6 +67,11 @@ class ReceiveHandlers:
     @typed_errors
     async def GetReceiveState(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return self.service.state(request.group, request.topic)
+
+    @typed_errors
+    async def GetMessageHistory(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        s = self.service
+        return await message_history(request, s.store, self.checks, s.offsets, s.groups, s.states)
 
     def is_receive_group(self, request: Any) -> bool:
         g = self.service.groups.get(request.group)

@@ -23,6 +23,7 @@ from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.receive.dead_letter import client_may_send
 from tidemq.services.broker.timer.scheduling import Scheduling
 from tidemq.services.broker.topics import TopicConfig
+from tidemq.services.broker.tracing import traced_store
 from tidemq.services.broker.transactions.service import TransactionService
 from tidemq.services.errors import invalid, system_topic
 from tidemq.storage import MessageStore
@@ -58,6 +59,7 @@ class SendHandler:
         )
 
     @typed_errors
+    @traced_store
     async def SendMessage(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         started = time.monotonic()
         checks = self.checks

@@ -8,7 +8,7 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from tidemq.services.broker.receive.events import QueueKey, Received
+from tidemq.services.broker.receive.events import QueueKey, Received, recorded_client_id
 
 
 class HandleStatus(enum.Enum):
@@ -40,7 +40,9 @@ class ReceivePlan:
     held: tuple[tuple[int, int], ...]
     cursor: int
 
-    def event(self, key: QueueKey, now_ms: int, invisible_until_ms: int) -> Received:
+    def event(
+        self, key: QueueKey, now_ms: int, invisible_until_ms: int, client_id: str = ""
+    ) -> Received:
         return Received(
             key,
             now_ms,
@@ -49,4 +51,5 @@ class ReceivePlan:
             self.filtered,
             self.held,
             self.cursor,
+            recorded_client_id(client_id),
         )

@@ -20,6 +20,14 @@ zig-zag signed varint, ``str`` a u16 big-endian length + UTF-8::
                          | n uv | n x (offset_delta zz | lease_delta zz | (ms - now_ms) zz)
     Dead     (kind 5) := n uv | n x (offset_delta zz | lease_delta zz)
     Reset    (kind 6) := offset uv
+    ReceivedBy (kind 7) := client str | <the fields of Received (kind 2)>
+
+A ``Received`` that names its receiving client (the ``client_id`` of the receive call) is
+written as kind 7; one without (``client_id`` empty) keeps kind 2's bytes. Brokers before kind 7
+wrote only kind 2, and those records still decode (``client_id`` ""). Kind 7 exists for the
+message history (``history.py``): applying it changes the state exactly as kind 2 does, on the
+master and on slaves. A broker that does not know kind 7 skips such records (logging them), so
+upgrade slaves before their master.
 
 Deltas are taken from the previous item of the same list and field (the first from 0), so a
 batch of neighbouring offsets costs a byte or two per offset: a Received of 32 new offsets
@@ -38,6 +46,7 @@ from typing import NamedTuple
 RECEIVE_LOG_TOPIC = "%SYS%RECEIVE_LOG"
 VERSION = 1
 KIND_INIT, KIND_RECEIVED, KIND_ACKED, KIND_CHANGED, KIND_DEAD, KIND_RESET = 1, 2, 3, 4, 5, 6
+KIND_RECEIVED_BY = 7
 _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 _MAX_VARINT_BYTES = 10
@@ -73,6 +82,8 @@ class Received:
     filtered: tuple[int, ...]  # new offsets done: their tag did not match
     held: tuple[tuple[int, int], ...]  # FIFO: new offsets held back (offset, group hash)
     cursor: int  # new cursor (>= the old one)
+    # Who received (the receive call's client id); "" when unknown (kind 2 records).
+    client_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +119,19 @@ class Reset:
 
 
 Event = Init | Received | Acked | Changed | Dead | Reset
+
+
+# Client ids are the caller's text: the history keeps at most this much of one, so a long id
+# costs every receive record little and can never make a record unwritable.
+MAX_CLIENT_ID_BYTES = 255
+
+
+def recorded_client_id(client_id: str) -> str:
+    """``client_id`` as a ``Received`` records it: at most ``MAX_CLIENT_ID_BYTES`` of UTF-8."""
+    raw = client_id.encode()
+    if len(raw) <= MAX_CLIENT_ID_BYTES:
+        return client_id
+    return raw[:MAX_CLIENT_ID_BYTES].decode(errors="ignore")
 
 
 def message_group_hash(name: str | None) -> int:
@@ -185,6 +209,8 @@ def encode_event(ev: Event) -> bytes:
     out = bytearray((VERSION,))
     k = ev.key
     kind = _KIND_OF[type(ev)]
+    if isinstance(ev, Received) and ev.client_id:
+        kind = KIND_RECEIVED_BY
     out.append(kind)
     _str(out, k.group)
     _str(out, k.topic)
@@ -192,6 +218,8 @@ def encode_event(ev: Event) -> bytes:
     if isinstance(ev, Init):
         _uv(out, ev.start_offset)
     elif isinstance(ev, Received):
+        if ev.client_id:
+            _str(out, ev.client_id)
         _uv(out, ev.now_ms)
         _zz(out, ev.invisible_until_ms - ev.now_ms)
         _uv(out, ev.cursor)
@@ -318,14 +346,15 @@ def decode_event(data: bytes) -> Event:
     ev: Event
     if kind == KIND_INIT:
         ev = Init(key, r.uv())
-    elif kind == KIND_RECEIVED:
+    elif kind in (KIND_RECEIVED, KIND_RECEIVED_BY):
+        client = r.string() if kind == KIND_RECEIVED_BY else ""
         now = r.uv()
         until = now + r.zz()
         cursor = r.uv()
         delivered = tuple((o, a, h) for o, a, h in r.columns("duu"))
         filtered = tuple(o for (o,) in r.columns("d"))
         held = tuple((o, h) for o, h in r.columns("du"))
-        ev = Received(key, now, until, delivered, filtered, held, cursor)
+        ev = Received(key, now, until, delivered, filtered, held, cursor, client)
     elif kind in (KIND_ACKED, KIND_DEAD):
         items = tuple((o, lease) for o, lease in r.columns("dd"))
         ev = Acked(key, items) if kind == KIND_ACKED else Dead(key, items)

@@ -285,7 +285,7 @@ class ReceiveService:
             )
             budget = candidates.max_bytes
             if plan is not None:
-                lease_id, put = self.append(plan.event(key, now, until))
+                lease_id, put = self.append(plan.event(key, now, until, req.client_id))
                 for offset, attempt, _gh, message in plan.delivered:
                     m = message if message is not None else read_one(store, topic, qid, offset)
                     if m is None:

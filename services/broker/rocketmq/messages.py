@@ -23,6 +23,11 @@ PROP_MESSAGE_GROUP = "__SHARDINGKEY"
 PROP_TRAN_MSG = "TRAN_MSG"
 PROP_DLQ_ORIGIN_TOPIC = "RETRY_TOPIC"
 PROP_DLQ_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+# RocketMQ's PROPERTY_TRACE_CONTEXT: where the proxy stores SystemProperties.trace_context (a
+# W3C traceparent, set by the clients' OpenTelemetry instrumentation) and reads it back from;
+# tidemq's SDK writes and reads the same property (docs/operations.md, "Tracing").
+PROP_TRACE_CONTEXT = "TRACE_CONTEXT"
+MAX_TRACE_CONTEXT_CHARS = 512
 # Our system properties: neither a client's user property may name them, nor are they shown
 # as user properties (tags, keys, ids, groups, timers, transactions, dead letters, idempotence).
 SYSTEM_PROPERTIES = frozenset(
@@ -33,6 +38,7 @@ SYSTEM_PROPERTIES = frozenset(
         PROP_MESSAGE_GROUP,
         PROP_TIMER_DELIVER_MS,
         PROP_TRAN_MSG,
+        PROP_TRACE_CONTEXT,
         "PGROUP",
         "REAL_TOPIC",
         "REAL_QID",
@@ -181,9 +187,18 @@ def to_ours(m: definition_pb2.Message, max_body_bytes: int) -> Outgoing:
     if sp.HasField("born_timestamp"):
         born_ms = _ms_field(sp.born_timestamp, "born_timestamp", C.BAD_REQUEST)
         out.born_timestamp_ms = max(0, born_ms)
+    trace_context = sp.trace_context if sp.HasField("trace_context") else ""
+    if trace_context and _printable(trace_context, MAX_TRACE_CONTEXT_CHARS):
+        # Tracing never fails a send (as the proxy, which does not check it): a value that
+        # could not be stored as a property is dropped instead.
+        props[PROP_TRACE_CONTEXT] = trace_context
     if props:
         out.properties.update(props)
     return Outgoing(out, sp.message_id, kind, group)
+
+
+def _printable(value: str, limit: int) -> bool:
+    return len(value) <= limit and all(ord(ch) >= 0x20 for ch in value)
 
 
 def message_type_of(props: Mapping[str, str]) -> int:
@@ -222,6 +237,9 @@ def stored_to_v2(m: common_pb2.StoredMessage) -> definition_pb2.Message:
     deliver = props.get(PROP_TIMER_DELIVER_MS)
     if deliver and deliver.isdigit():
         sp.delivery_timestamp.CopyFrom(_timestamp(int(deliver)))
+    trace_context = props.get(PROP_TRACE_CONTEXT)
+    if trace_context:
+        sp.trace_context = trace_context
     origin = props.get(PROP_DLQ_ORIGIN_TOPIC)
     if origin and m.topic.startswith("%DLQ%"):
         sp.dead_letter_queue.topic = origin
