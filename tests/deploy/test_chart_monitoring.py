@@ -27,6 +27,7 @@ from tests.deploy.chart import (
     of_kind,
     render,
     render_error,
+    render_notes,
 )
 from tests.deploy.conftest import VALUE_SETS
 from tests.deploy.exported_metrics import scrape_a_cluster
@@ -425,3 +426,14 @@ def test_the_console_is_off_by_default_and_plain_without_tls_or_acl() -> None:
 )
 def test_console_values_that_cannot_work_are_refused(values: dict[str, Any], expected: str) -> None:
     assert expected in render_error(values)
+
+
+def test_the_install_notes_say_where_the_console_is() -> None:
+    forwarded = render_notes({"console": {"enabled": True}})
+    assert f"port-forward svc/{FULLNAME}-console 8080:8080" in forwarded
+    routed = render_notes(
+        {"console": {"enabled": True, "ingress": {"enabled": True, "hostname": "mq.example.com"}}}
+    )
+    assert "http://mq.example.com/" in routed
+    assert f"svc/{FULLNAME}-console" not in routed
+    assert "web console" not in render_notes({})

@@ -66,40 +66,30 @@ def _url(prefix: str, name: str) -> str:
 
 
 # ---------------------------------------------------------------------- the writes
-def create_topic(request: web.Request, form: Form) -> Write:
-    topic = _field(form, "topic")
+def _topic_settings(topic: str, form: Form, action: str, summary: str) -> Write:
+    """Create or change a topic: both are a CreateTopic on every master with these queues."""
     queues = _int_field(form, "queues", 1, 1024)
     perm = str(form.get("perm", "rw"))
 
     async def run(admin: AsyncAdmin) -> str:
         brokers = await admin.create_topic(topic, queues=queues, perm=perm)
-        return f"topic {topic} created with {queues} queues on {', '.join(brokers)}"
+        return f"{action}: {topic} has {queues} queues ({perm}) on {', '.join(brokers)}"
 
     return Write(
-        "create topic",
+        action,
         topic,
-        f"Create topic {topic} with {queues} read and write queues ({perm}) on every master.",
+        f"{summary} topic {topic} with {queues} read and write queues ({perm}) on every master.",
         run,
         _url("/topics", topic),
     )
+
+
+def create_topic(request: web.Request, form: Form) -> Write:
+    return _topic_settings(_field(form, "topic"), form, "create topic", "Create")
 
 
 def update_topic(request: web.Request, form: Form) -> Write:
-    topic = request.match_info["topic"]
-    queues = _int_field(form, "queues", 1, 1024)
-    perm = str(form.get("perm", "rw"))
-
-    async def run(admin: AsyncAdmin) -> str:
-        brokers = await admin.create_topic(topic, queues=queues, perm=perm)
-        return f"topic {topic} now has {queues} queues ({perm}) on {', '.join(brokers)}"
-
-    return Write(
-        "update topic",
-        topic,
-        f"Set topic {topic} to {queues} read and write queues ({perm}) on every master.",
-        run,
-        _url("/topics", topic),
-    )
+    return _topic_settings(request.match_info["topic"], form, "update topic", "Set")
 
 
 def delete_topic(request: web.Request, form: Form) -> Write:
