@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds tidemq's images on this machine from nothing (Debian/Ubuntu, root): installs podman if
 # needed, makes the base images with debootstrap (once; they are reused), then
-#   localhost/tidemq:latest             docker/Dockerfile         (TIDEMQ_IMAGE to rename)
+#   ghcr.io/tidemq/tidemq:<appVersion>  docker/Dockerfile         (TIDEMQ_IMAGE to rename)
 #   localhost/tidemq-zookeeper:3.8      docker/zookeeper/         (ZOOKEEPER_IMAGE to rename)
 # With a registry at hand, `docker build -f docker/Dockerfile .` needs none of this.
 set -euo pipefail

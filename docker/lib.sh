@@ -16,7 +16,10 @@ SOCKET_PATH=/run/tidemq-podman/$SOCKET_ID.sock
 
 BASE_OS_IMAGE=localhost/tidemq-debian:bookworm
 PYTHON_BASE_IMAGE=localhost/tidemq-python:3.11-bookworm
-TIDEMQ_IMAGE=${TIDEMQ_IMAGE:-localhost/tidemq:latest}
+# The reference the chart pulls by default (helm/tidemq/values.yaml image.*, tag = the chart's
+# appVersion), so what `make image` builds is what `podman push` publishes.
+TIDEMQ_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$/\1/p' "$TIDEMQ_DIR/helm/tidemq/Chart.yaml")
+TIDEMQ_IMAGE=${TIDEMQ_IMAGE:-ghcr.io/tidemq/tidemq:$TIDEMQ_VERSION}
 ZOOKEEPER_IMAGE=${ZOOKEEPER_IMAGE:-localhost/tidemq-zookeeper:3.8}
 
 log() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

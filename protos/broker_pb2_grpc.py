@@ -124,6 +124,16 @@ class BrokerStub:
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
                 response_deserializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.FromString,
                 _registered_method=True)
+        self.GetBrokerConfig = channel.unary_unary(
+                '/tidemq.v1.Broker/GetBrokerConfig',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerConfigResponse.FromString,
+                _registered_method=True)
+        self.UpdateBrokerConfig = channel.unary_unary(
+                '/tidemq.v1.Broker/UpdateBrokerConfig',
+                request_serializer=tidemq_dot_protos_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+                response_deserializer=tidemq_dot_protos_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
+                _registered_method=True)
         self.ReceiveMessage = channel.unary_unary(
                 '/tidemq.v1.Broker/ReceiveMessage',
                 request_serializer=tidemq_dot_protos_dot_broker__pb2.ReceiveMessageRequest.SerializeToString,
@@ -323,6 +333,21 @@ class BrokerServicer:
     def Switchover(self, request, context):
         """Automatic failover: hand mastership to an in-sync slave (called on the master).
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBrokerConfig(self, request, context):
+        """The broker's settings (mqadmin getBrokerConfig), and a change of those that apply without a
+        restart (updateBrokerConfig; masters only, slaves copy them with the config sync). A bad
+        key or value is INVALID_ARGUMENT naming it, and nothing changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateBrokerConfig(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -538,6 +563,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Switchover,
                     request_deserializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.FromString,
                     response_serializer=tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.SerializeToString,
+            ),
+            'GetBrokerConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBrokerConfig,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerConfigRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.GetBrokerConfigResponse.SerializeToString,
+            ),
+            'UpdateBrokerConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateBrokerConfig,
+                    request_deserializer=tidemq_dot_protos_dot_broker__pb2.UpdateBrokerConfigRequest.FromString,
+                    response_serializer=tidemq_dot_protos_dot_broker__pb2.UpdateBrokerConfigResponse.SerializeToString,
             ),
             'ReceiveMessage': grpc.unary_unary_rpc_method_handler(
                     servicer.ReceiveMessage,
@@ -1106,6 +1141,60 @@ class Broker:
             '/tidemq.v1.Broker/Switchover',
             tidemq_dot_protos_dot_broker__pb2.SwitchoverRequest.SerializeToString,
             tidemq_dot_protos_dot_broker__pb2.SwitchoverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBrokerConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/GetBrokerConfig',
+            tidemq_dot_protos_dot_broker__pb2.GetBrokerConfigRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.GetBrokerConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateBrokerConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemq.v1.Broker/UpdateBrokerConfig',
+            tidemq_dot_protos_dot_broker__pb2.UpdateBrokerConfigRequest.SerializeToString,
+            tidemq_dot_protos_dot_broker__pb2.UpdateBrokerConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

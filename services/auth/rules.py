@@ -122,6 +122,8 @@ RULES: dict[str, Rule] = {
     BROKER + "GetOffsetTable": Kind.ADMIN,  # every topic's and group's offsets
     BROKER + "SyncConfig": Kind.CLUSTER,  # every table and every group's offsets
     BROKER + "Switchover": Kind.ADMIN,
+    BROKER + "GetBrokerConfig": Kind.ADMIN,
+    BROKER + "UpdateBrokerConfig": Kind.ADMIN,
     BROKER + "ReceiveMessage": _reads,
     BROKER + "AckMessage": _reads,
     BROKER + "NackMessage": _reads,

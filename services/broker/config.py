@@ -159,6 +159,10 @@ class BrokerConfig:
     auth_max_clock_skew_ms: int = 900_000
     access_key: str = ""
     secret_key: str = field(default="", repr=False)
+    # Scheduled tasks (docs/operations.md): the committed offsets of a topic deleted this long
+    # ago are dropped, and messages in/out per topic per day are kept for daily_stats_days days.
+    deleted_topic_offsets_grace_ms: int = 3_600_000
+    daily_stats_days: int = 30
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -214,6 +218,8 @@ class BrokerConfig:
             "max_delay_ms",
             "timer_tick_ms",
             "idempotence_max_producers",
+            "deleted_topic_offsets_grace_ms",
+            "daily_stats_days",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")

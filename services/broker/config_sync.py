@@ -1,7 +1,7 @@
 """Config sync: a slave copies its master's topics, subscription groups (with their consume
-model and settings) and consumer offsets (RocketMQ's SlaveSynchronize), so that consumers
-reading from the slave, or a slave that becomes master, find the same topics, groups, settings
-and positions.
+model and settings), runtime settings (``runtime_config``) and consumer offsets (RocketMQ's
+SlaveSynchronize), so that consumers reading from the slave, or a slave that becomes master,
+find the same topics, groups, settings and positions.
 
 Every ``config_sync_interval_ms`` (3 s) the slave asks with the data versions it holds; the
 master leaves out tables whose version matches, except on a full sync (at most every
@@ -34,6 +34,7 @@ from tidemq.protos.signing import Credentials
 from tidemq.protos.tls import TlsSettings, aio_channel
 from tidemq.services.broker.groups import SubscriptionGroupManager, group_of, group_proto
 from tidemq.services.broker.offsets import CommittedOffset, OffsetManager
+from tidemq.services.broker.runtime_config import RuntimeConfig
 from tidemq.services.broker.topics import DataVersion, TopicConfig, TopicManager
 from tidemq.storage.clock import now_ms
 
@@ -80,6 +81,7 @@ def answer(
     offsets: OffsetManager,
     topic_proto: Callable[[TopicConfig], Any],
     caller: str = "",
+    runtime: RuntimeConfig | None = None,
 ) -> Any:
     """The master's SyncConfigResponse to ``request``, after taking the caller's newer
     offsets."""
@@ -102,6 +104,9 @@ def answer(
         response.groups_included = True
         response.groups.extend(group_proto(g) for g in groups.all())
     response.offsets.extend(offset_protos(offsets.entries()))
+    if runtime is not None:
+        response.runtime_settings_included = True
+        response.runtime_settings_json = runtime.to_json()
     return response
 
 
@@ -118,12 +123,14 @@ class ConfigSync:
         on_topics_changed: Callable[[], object],
         tls: TlsSettings | None = None,
         credentials: Credentials | None = None,
+        runtime: RuntimeConfig | None = None,
     ) -> None:
         self.tls = tls  # the broker's own certificate, when the cluster speaks TLS
         self.credentials = credentials
         self.topics = topics
         self.groups = groups
         self.offsets = offsets
+        self.runtime = runtime
         self.interval_ms = interval_ms
         self.full_interval_ms = full_interval_ms
         self.on_topics_changed = on_topics_changed
@@ -193,6 +200,8 @@ class ConfigSync:
             groups, version_of(response.groups_version)
         ):
             log.info("config sync: %d subscription groups from the master", len(response.groups))
+        if self.runtime is not None and response.runtime_settings_included:
+            self.runtime.replace_all(response.runtime_settings_json)
         merged = self.offsets.merge(offsets_of(response.offsets))
         if merged.kept != self._kept:
             # Logged when it changes, not every sync: the master had just taken them with the

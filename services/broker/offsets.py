@@ -177,6 +177,18 @@ class OffsetManager:
                     kept += 1
         return MergeResult(taken, kept)
 
+    def drop_topics(self, topics: Iterable[str]) -> int:
+        """Forget every group's offsets of ``topics`` (deleted topics: ``offset_cleanup``);
+        returns how many queue offsets went."""
+        gone = set(topics)
+        dropped = 0
+        with self._lock:
+            for key in [k for k in self.table if k.partition("@")[0] in gone]:
+                dropped += len(self.table.pop(key))
+                self.generations.pop(key, None)
+                self._dirty = True
+        return dropped
+
     def persist(self) -> bool:
         """Write the table if it changed; returns whether it wrote."""
         with self._lock:

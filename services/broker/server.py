@@ -29,11 +29,13 @@ from tidemq.services.broker.auto_failover import AutomaticFailover
 from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.config_sync import ConfigSync
+from tidemq.services.broker.daily_stats import DailyStats, DayTopic, take_sample
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.logged_services import LoggedServices
 from tidemq.services.broker.long_polling import PullWaiters
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.nameserver_registration import NameserverRegistration
+from tidemq.services.broker.offset_cleanup import DeletedTopicOffsets
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.periodic import every
 from tidemq.services.broker.publication import RegistrationRounds
@@ -47,6 +49,7 @@ from tidemq.services.broker.replication import (
 from tidemq.services.broker.retention import wire_retention_floors
 from tidemq.services.broker.rocketmq.server import RocketMQListener
 from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.runtime_config import RuntimeConfig
 from tidemq.services.broker.servicer import BrokerServicer
 from tidemq.services.broker.store_failure import StepAside
 from tidemq.services.broker.topics import TopicManager
@@ -75,9 +78,17 @@ class Broker:
                 **config.store_overrides,
             )
         )
+        # Settings changed at runtime (UpdateBrokerConfig) apply before anything reads them.
+        self.runtime_config = RuntimeConfig(config, self.store.config, config.store_dir)
         self.topics = TopicManager(config.store_dir)
         self.groups = SubscriptionGroupManager(config.store_dir)
         self.offsets = OffsetManager(config.store_dir)
+        self.daily = DailyStats(config.store_dir, config.daily_stats_days)
+        self.offset_cleanup = DeletedTopicOffsets(
+            self.offsets,
+            lambda: {t.topic for t in self.topics.all()},
+            config.deleted_topic_offsets_grace_ms,
+        )
         # Receive, transactions, the timer: state as records of logs in the CommitLog.
         self.logged = LoggedServices(config, self.store)
         wire_retention_floors(
@@ -106,6 +117,7 @@ class Broker:
                 on_topics_changed=self.rounds.request,
                 tls=config.client_tls,
                 credentials=config.client_credentials,
+                runtime=self.runtime_config,
             )
         if config.role is not BrokerRole.SLAVE:
             self.topics.set_auto_create(config.auto_create_topics, config.default_queue_nums)
@@ -219,7 +231,9 @@ class Broker:
             receive=factories.receive,
             transactions=factories.transactions,
             timer=factories.timer,
+            runtime_config=self.runtime_config,
         )
+        self.servicer.broker_admin.daily = self.daily_rows
         self.logged.attach(self.servicer, self.groups, self.offsets, self.role, self.metrics)
         # gRPC's 4 MiB default would refuse an oversize body before validation could answer it
         # with a typed BODY_TOO_LARGE; batches of large bodies need room too.
@@ -286,6 +300,7 @@ class Broker:
         self._tasks = [
             asyncio.create_task(every(self.config.offset_flush_interval_ms, self._persist)),
             asyncio.create_task(every(10_000, self._expire_clients)),
+            asyncio.create_task(every(self._scheduled_period_ms(), self._scheduled)),
             asyncio.create_task(self.registration.run()),
             *(asyncio.create_task(task) for task in self.logged.tasks()),
         ]
@@ -324,6 +339,22 @@ class Broker:
 
     async def _persist(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.offsets.persist)
+
+    def _scheduled_period_ms(self) -> int:
+        # Every minute, or more often when the grace is short (tests), never below a second.
+        return min(60_000, max(1_000, self.config.deleted_topic_offsets_grace_ms // 2))
+
+    async def _scheduled(self) -> None:
+        """RocketMQ's broker scheduler: the day's statistics, and deleted topics' offsets."""
+        now = now_ms()
+        take_sample(self.daily, now, self.topics, self.store, self.offsets)
+        self.offset_cleanup.scan(now)
+        await asyncio.get_running_loop().run_in_executor(None, self.daily.persist)
+
+    def daily_rows(self, days: int) -> list[DayTopic]:
+        """The last ``days`` days' statistics, counted up to now."""
+        take_sample(self.daily, now_ms(), self.topics, self.store, self.offsets)
+        return self.daily.rows(days)
 
     async def _expire_clients(self) -> None:
         gone = self.clients.expire(now_ms())

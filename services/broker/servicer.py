@@ -18,6 +18,7 @@ from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.broker_admin import BrokerAdminHandlers, FailoverControl
+from tidemq.services.broker.handlers.broker_config import BrokerConfigHandlers
 from tidemq.services.broker.handlers.checks import BrokerChecks
 from tidemq.services.broker.handlers.consumers import ConsumerHandlers
 from tidemq.services.broker.handlers.delayed import DelayedHandlers
@@ -33,6 +34,7 @@ from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.receive.service import ReceiveService
 from tidemq.services.broker.role import RoleState
+from tidemq.services.broker.runtime_config import RuntimeConfig
 from tidemq.services.broker.timer.service import TimerService
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.broker.transactions.service import TransactionService
@@ -60,6 +62,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
         receive: Callable[[BrokerChecks], ReceiveService] | None = None,
         transactions: Callable[[BrokerChecks], TransactionService] | None = None,
         timer: Callable[[BrokerChecks], TimerService] | None = None,
+        runtime_config: RuntimeConfig | None = None,
     ) -> None:
         role = role or RoleState.for_config(config.role, config.broker_id, False, 0)
         self.checks = checks = BrokerChecks(config, topics, role)
@@ -90,6 +93,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
             checks, store, groups, offsets, replication_status, failover, metrics
         )
         self.group_admin = GroupAdminHandlers(checks, groups, metrics)
+        runtime = runtime_config or RuntimeConfig(config, store.config, config.store_dir)
+        self.broker_config = BrokerConfigHandlers(checks, runtime, metrics)
+        self.broker_admin.runtime = runtime
         self.receive = (
             ReceiveHandlers(checks, receive(checks), metrics) if receive is not None else None
         )
@@ -166,6 +172,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):  # type: ignore[misc]
 
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self.broker_admin.SyncConfig(request, context)
+
+    async def GetBrokerConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.broker_config.GetBrokerConfig(request, context)
+
+    async def UpdateBrokerConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self.broker_config.UpdateBrokerConfig(request, context)
 
     # ------------------------------------------------------------------ consumer groups
     async def GetConsumerGroup(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

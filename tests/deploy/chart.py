@@ -14,12 +14,26 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes_validate import utils as kubernetes_validate_utils
 
 from tidemq import entrypoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "tidemq"
-KUBE_VERSION = "1.29.0"
+
+
+def newest_minors(count: int = 2) -> list[str]:
+    """The ``count`` newest Kubernetes minors kubernetes-validate has schemas for, newest first
+    (``1.37.0``): the chart is checked against what clusters run now, not a pinned old release."""
+    minors: dict[tuple[int, int], str] = {}
+    for version in kubernetes_validate_utils.all_versions():
+        major, minor = (int(part) for part in version.split(".")[:2])
+        minors[(major, minor)] = f"{major}.{minor}.0"
+    return [minors[key] for key in sorted(minors, reverse=True)[:count]]
+
+
+KUBE_VERSIONS = newest_minors()
+KUBE_VERSION = KUBE_VERSIONS[0]  # what `helm template` renders for
 RELEASE = "mq"
 NAMESPACE = "messaging"
 
@@ -124,6 +138,8 @@ def broker_sets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 def pod_flags(sts: dict[str, Any], ordinal: int, toml: Path) -> list[str]:
     """What the entrypoint runs in pod ``ordinal`` of a broker StatefulSet."""
     args = list(container(sts)["args"])
-    args[args.index("--config") + 1] = str(toml)  # mounted at /etc/tidemq in the pod
     hostname = f"{sts['metadata']['name']}-{ordinal}"
+    # Mounted at /etc/tidemq in the pod; with externalAccess each pod reads its own file.
+    own = "$(POD_NAME)" in args[args.index("--config") + 1]
+    args[args.index("--config") + 1] = str(toml.parent / f"{hostname}.toml" if own else toml)
     return entrypoint.plan(args, {}, hostname).argv

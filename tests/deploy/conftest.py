@@ -58,6 +58,46 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "ingress": {"enabled": True, "className": "nginx", "hostname": "mq.example.com"},
         },
     },
+    "external-load-balancer-spread": {
+        "broker": {"groups": 2, "slavesPerGroup": 1, "topologySpreadPreset": "zone"},
+        "externalAccess": {
+            "enabled": True,
+            "service": {
+                "loadBalancerIPs": ["203.0.113.10", "203.0.113.11", "203.0.113.12", "203.0.113.13"],
+                "loadBalancerNames": [f"b{i}.mq.example.com" for i in range(4)],
+                "loadBalancerSourceRanges": ["198.51.100.0/24"],
+                "annotations": {"external-dns.alpha.kubernetes.io/ttl": "60"},
+            },
+        },
+        "nameserver": {
+            "service": {"type": "LoadBalancer"},
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "DoNotSchedule",
+                    "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "nameserver"}},
+                }
+            ],
+        },
+        "tls": {"extraDnsNames": ["ns.mq.example.com"]},
+        "serviceAccount": {"name": "tidemq", "annotations": {"iam.example/role": "mq"}},
+    },
+    "external-node-port-mutual-tls": {
+        "broker": {"slavesPerGroup": 2},
+        "externalAccess": {
+            "enabled": True,
+            "service": {
+                "type": "NodePort",
+                "domain": "nodes.mq.example.com",
+                "nodePorts": [31001, 31002, 31003],
+                "rocketmqNodePorts": [31081, 31082, 31083],
+            },
+        },
+        "tls": {"clientAuth": "require"},
+        "serviceAccount": {"create": False, "name": "tidemq-runner"},
+        "console": {"enabled": False},
+    },
     "service-monitor-hard-anti-affinity": {
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
         "broker": {"podAntiAffinityPreset": "hard"},
@@ -75,7 +115,7 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     values = VALUE_SETS[request.param]
     objects = render(values)
     directory = tmp_path_factory.mktemp(request.param)
-    text = of_kind(objects, "ConfigMap")[f"{RELEASE}-tidemq-broker"]["data"]["broker.toml"]
+    replace = {}
     for secret, mount in (
         (f"{RELEASE}-tidemq-tls", "tls"),
         (f"{RELEASE}-tidemq-acl", "acl"),
@@ -87,7 +127,7 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         (directory / mount).mkdir()
         for key, value in found["data"].items():
             (directory / mount / key).write_bytes(base64.b64decode(value))
-        text = text.replace(f"/etc/tidemq/{mount}/", f"{directory / mount}/")
+        replace[f"/etc/tidemq/{mount}/"] = f"{directory / mount}/"
     identities = of_kind(objects, "Secret").get(f"{RELEASE}-tidemq-broker-identities")
     if identities is not None:  # what the first broker pod's init container leaves it
         (directory / "identity").mkdir()
@@ -95,7 +135,12 @@ def rendered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         for ext in ("crt", "key"):
             data = base64.b64decode(identities["data"][f"{pod}.{ext}"])
             (directory / "identity" / f"tls.{ext}").write_bytes(data)
-        text = text.replace("/etc/tidemq/identity/", f"{directory / 'identity'}/")
-    toml = directory / "broker.toml"
-    toml.write_text(text)
-    return values, objects, toml
+        replace["/etc/tidemq/identity/"] = f"{directory / 'identity'}/"
+    # broker.toml, and with externalAccess one file per pod (each advertising its Service).
+    tomls = of_kind(objects, "ConfigMap")[f"{RELEASE}-tidemq-broker"]["data"]
+    for key, mounted_text in tomls.items():
+        text = mounted_text
+        for mounted, written in replace.items():
+            text = text.replace(mounted, written)
+        (directory / key).write_text(text)
+    return values, objects, directory / "broker.toml"

@@ -413,14 +413,14 @@ def test_the_console_is_off_by_default_and_plain_without_tls_or_acl() -> None:
         ),
         (
             {"console": {"enabled": True, "logFormat": "xml"}, "acl": {"enabled": False}},
-            "console.logFormat: must be text or json",
+            'console.logFormat must be one of the following: "text", "json"',  # the schema
         ),
         (
             {
                 "console": {"enabled": True, "containerPorts": {"http": 0}},
                 "acl": {"enabled": False},
             },
-            "console.containerPorts.http: must be a port number",
+            "console.containerPorts.http: Must be greater than or equal to 1",  # the schema
         ),
     ],
 )

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -231,3 +232,25 @@ def test_dev_refuses_a_port_in_use(dev: Dev, tmp_path: Path) -> None:
     assert r.returncode == 1 and "in use" in r.stderr
     assert dev.proc.poll() is None  # the running cluster is untouched
     assert tidemq(dev.nameserver, "cluster", "status").returncode == 0
+
+
+def test_a_killed_dev_takes_its_nameserver_broker_and_console_with_it(tmp_path: Path) -> None:
+    dev = start_dev(tmp_path / "data", tmp_path / "dev.out")
+    [console_url] = re.findall(r"console\s+(http://\S+)", dev.output())
+    host, port = dev.nameserver.rsplit(":", 1)
+    dev.proc.kill()  # SIGKILL: dev cannot stop its children itself
+    dev.proc.wait()
+
+    def answers(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def listening() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex((host, int(port))) == 0
+
+    wait_until(lambda: not answers(console_url + "healthz"), 20, "the console to exit")
+    wait_until(lambda: not listening(), 20, "the nameserver to exit")

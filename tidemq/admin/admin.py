@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from tidemq._runtime import Channels, LoopThread, nameserver_addresses
+from tidemq.admin.broker_config import AsyncBrokerConfig, BrokerSetting
 from tidemq.admin.consumer_groups import AsyncConsumerGroups, ConsumerGroups
 from tidemq.admin.dead_letters import AsyncDeadLetters, DeadLetters
 from tidemq.admin.delayed import AsyncDelayed, Delayed
 from tidemq.admin.messages import AsyncMessages, Messages
-from tidemq.admin.offset_tables import AsyncOffsetTables
+from tidemq.admin.offset_tables import AsyncOffsetTables, OffsetTable
 from tidemq.admin.status import broker_json, broker_status_json, nameserver_json
 from tidemq.admin.transactions import AsyncTransactions, Transactions
 from tidemq.errors import (
@@ -70,6 +71,7 @@ class AsyncAdmin(
     AsyncTransactions,
     AsyncOffsetTables,
     AsyncMessages,
+    AsyncBrokerConfig,
 ):
     def __init__(
         self,
@@ -117,8 +119,9 @@ class AsyncAdmin(
                     out[g.broker_name] = g.addresses[0]
         return out
 
-    async def cluster_status(self) -> dict[str, Any]:
-        """Every broker the nameservers know, with its store figures (JSON-friendly)."""
+    async def cluster_status(self, daily_days: int = 0) -> dict[str, Any]:
+        """Every broker the nameservers know, with its store figures (JSON-friendly); with
+        ``daily_days``, each broker's messages in/out per topic per day of the last days."""
         info = await self.cluster_info()
         status = await self.nameserver.call("GetStatus", nameserver_pb2.GetStatusRequest())
         clusters = []
@@ -133,7 +136,7 @@ class AsyncAdmin(
                     st = await self._call(
                         live.broker.address,
                         "GetBrokerStatus",
-                        broker_pb2.GetBrokerStatusRequest(),
+                        broker_pb2.GetBrokerStatusRequest(daily_days=daily_days),
                     )
                     entry.update(broker_status_json(st))
                     entry["reachable"] = True
@@ -297,13 +300,47 @@ class AsyncAdmin(
                 return sorted(resp.client_ids)
         return []
 
-    async def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
-        """Moves the group's committed offsets of every queue to ``"first"``, ``"last"`` or the
-        first message stored at or after a timestamp (ms). Stop the group's consumers first:
-        a running consumer commits its own position over this."""
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        to: str | int | None = None,
+        *,
+        offset: int | None = None,
+        queue_id: int | None = None,
+        broker: str | None = None,
+    ) -> list[QueueStatus]:
+        """Moves the group's committed offsets to ``"first"``, ``"last"``, the first message
+        stored at or after a timestamp (``to`` in ms), or an explicit ``offset`` (kept within
+        each queue's [min, max], as Kafka's --to-offset). Every queue of the topic, or only
+        ``queue_id`` (on every broker group, or only ``broker``). Stop the group's consumers
+        first: a running consumer commits its own position over this."""
+        if (to is None) == (offset is None):
+            raise InvalidArgumentError(
+                "reset to 'first', 'last', a timestamp in ms, or an explicit offset",
+                code="INVALID_ARGUMENT",
+            )
+        if offset is not None and offset < 0:
+            raise InvalidArgumentError("an offset is >= 0", code="INVALID_ARGUMENT")
+        if to is not None and not (to in ("first", "last") or isinstance(to, int)):
+            raise InvalidArgumentError(
+                "reset to 'first', 'last' or a timestamp in ms", code="INVALID_ARGUMENT"
+            )
         route = await self.route(topic)
+        chosen = [
+            s
+            for s in await self.queue_status(topic)
+            if (queue_id is None or s.queue_id == queue_id)
+            and (broker is None or s.broker == broker)
+        ]
+        if not chosen:
+            where = f" queue {queue_id}" if queue_id is not None else ""
+            where += f" on {broker}" if broker else ""
+            raise InvalidArgumentError(
+                f"topic {topic!r} has no{where or ' readable'} queue", code="INVALID_ARGUMENT"
+            )
         out = []
-        for status in await self.queue_status(topic):
+        for status in chosen:
             address = route.groups[status.broker].master
             if address is None:
                 raise TidemqError(
@@ -311,33 +348,31 @@ class AsyncAdmin(
                     code="NOT_MASTER",
                     retriable=True,
                 )
-            if to == "first":
-                offset = status.min_offset
+            if offset is not None:
+                target = min(max(offset, status.min_offset), status.max_offset)
+            elif to == "first":
+                target = status.min_offset
             elif to == "last":
-                offset = status.max_offset
-            elif isinstance(to, int):
+                target = status.max_offset
+            else:
                 resp = await self._call(
                     address,
                     "SearchOffset",
                     broker_pb2.SearchOffsetRequest(
-                        topic=topic, queue_id=status.queue_id, timestamp_ms=to
+                        topic=topic, queue_id=status.queue_id, timestamp_ms=int(to or 0)
                     ),
                 )
-                offset = int(resp.offset)
-            else:
-                raise InvalidArgumentError(
-                    "reset to 'first', 'last' or a timestamp in ms", code="INVALID_ARGUMENT"
-                )
+                target = int(resp.offset)
             await self._call(
                 address,
                 "CommitOffset",
                 broker_pb2.CommitOffsetRequest(
-                    group=group, topic=topic, queue_id=status.queue_id, offset=offset, reset=True
+                    group=group, topic=topic, queue_id=status.queue_id, offset=target, reset=True
                 ),
             )
             out.append(
                 QueueStatus(
-                    status.broker, status.queue_id, status.min_offset, status.max_offset, offset
+                    status.broker, status.queue_id, status.min_offset, status.max_offset, target
                 )
             )
         return out
@@ -369,11 +404,22 @@ class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions, Messages):
     def close(self) -> None:
         self._runner.finish(self._core.close)
 
-    def cluster_status(self) -> dict[str, Any]:
-        return self._runner.run(self._core.cluster_status())
+    def cluster_status(self, daily_days: int = 0) -> dict[str, Any]:
+        return self._runner.run(self._core.cluster_status(daily_days))
 
     def masters(self, cluster: str | None = None) -> dict[str, str]:
         return self._runner.run(self._core.masters(cluster))
+
+    def offset_tables(self) -> tuple[list[OffsetTable], dict[str, str]]:
+        return self._runner.run(self._core.offset_tables())
+
+    def broker_config(self, broker_group: str, broker_id: int = 0) -> list[BrokerSetting]:
+        return self._runner.run(self._core.broker_config(broker_group, broker_id))
+
+    def update_broker_config(
+        self, broker_group: str, changes: Mapping[str, str]
+    ) -> tuple[list[str], list[BrokerSetting]]:
+        return self._runner.run(self._core.update_broker_config(broker_group, changes))
 
     def create_topic(self, topic: str, **kwargs: Any) -> list[str]:
         return self._runner.run(self._core.create_topic(topic, **kwargs))
@@ -396,5 +442,8 @@ class Admin(ConsumerGroups, DeadLetters, Delayed, Transactions, Messages):
     def group_members(self, group: str, topic: str) -> list[str]:
         return self._runner.run(self._core.group_members(group, topic))
 
-    def reset_offsets(self, group: str, topic: str, to: str | int) -> list[QueueStatus]:
-        return self._runner.run(self._core.reset_offsets(group, topic, to))
+    def reset_offsets(
+        self, group: str, topic: str, to: str | int | None = None, **where: Any
+    ) -> list[QueueStatus]:
+        """``AsyncAdmin.reset_offsets``; ``where``: ``offset``, ``queue_id``, ``broker``."""
+        return self._runner.run(self._core.reset_offsets(group, topic, to, **where))

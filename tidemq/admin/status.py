@@ -46,6 +46,16 @@ def broker_status_json(st: Any) -> dict[str, Any]:
     }
     if st.failover.mode == "auto":
         out["failover"] = _failover_json(st.failover)
+    if st.daily:
+        out["daily"] = [
+            {
+                "day": d.day,
+                "topic": d.topic,
+                "messages_in": d.messages_in,
+                "messages_out": d.messages_out,
+            }
+            for d in st.daily
+        ]
     return out
 
 

@@ -1,8 +1,8 @@
 """The ``tidemq`` command line.
 
 The client commands (topic, send, consume, message, receive, delayed, transactions,
-consumer-group, dlq, cluster, broker-group, bench, health) belong to the SDK and are added
-here. The server commands (``broker``, ``nameserver``, ``dev``, ``store``, ``pipeline``)
+consumer-group, dlq, cluster, broker-group, bench, health, completion) belong to the SDK and
+are added here. The server commands (``broker``, ``nameserver``, ``dev``, ``store``, ``pipeline``)
 register themselves: each names a function in the ``tidemq.commands`` entry-point group
 (pyproject.toml) that adds its subcommand, so this module imports no server code and a
 client-only use of the CLI loads none.
@@ -24,6 +24,7 @@ from tidemq.cli import (
     bench,
     broker_groups,
     cluster,
+    completion,
     consumer_groups,
     delayed,
     dlq,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         module.add_parsers(sub)
     health.add_parser(sub)
+    completion.add_parser(sub, p)
     for command in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
         command.load()(sub)
     logs.add_flags(p)

@@ -1,4 +1,5 @@
-"""``tidemq broker-group switchover``: a broker group's mastership, handed over on purpose.
+"""``tidemq broker-group switchover``: a broker group's mastership, handed over on purpose;
+``broker-group config`` (``broker_config``): its settings, changed at runtime.
 
 A *broker group* is a master and its slaves (one broker name); a *consumer group* is a set of
 consumers sharing the work (``tidemq consumer-group``). The command was ``tidemq group``, which
@@ -12,6 +13,7 @@ import sys
 from collections.abc import Callable
 
 from tidemq.admin import Admin
+from tidemq.cli import broker_config
 from tidemq.cli.common import add_nameserver, print_json
 
 DEPRECATION_NOTE = (
@@ -55,6 +57,8 @@ def _add(sub: argparse._SubParsersAction, name: str, *, deprecated: bool) -> Non
     so.add_argument("--json", action="store_true")
     add_nameserver(so)
     so.set_defaults(func=_deprecated(cmd_switchover) if deprecated else cmd_switchover)
+    if not deprecated:
+        broker_config.add_parsers(gsub)
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -1,4 +1,4 @@
-"""``tidemq consumer-group list|describe|update|delete``: consumer groups' settings and progress.
+"""``tidemq consumer-group list|describe|update|reset|delete``: consumer groups, their progress.
 
 A consumer group is the set of consumers that share a topic's messages (RocketMQ's subscription
 group); its settings (model, max delivery attempts, retry policy, FIFO, consume enabled) live on
@@ -13,11 +13,12 @@ import argparse
 from typing import Any
 
 from tidemq.admin import Admin, RetryPolicy
+from tidemq.cli import group_reset
 from tidemq.cli.common import add_nameserver, print_json
 from tidemq.cli.durations import format_ms, parse_seconds, parse_seconds_list
 from tidemq.cli.group_views import group_json, offsets_rows, receive_rows
 from tidemq.cli.tables import print_rows, print_table
-from tidemq.errors import NotFoundError
+from tidemq.errors import NotFoundError, TidemqError
 
 MODELS = ("offsets", "receive")
 # (header, key) of the per-queue tables of `describe`.
@@ -91,6 +92,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     with Admin(args.nameserver) as admin:
         group = group_json(admin.get_consumer_group(args.group))
         topics = [args.topic] if args.topic else group["topics"]
+        group["members"] = _members(admin, args.group, topics)
         if group["model"] == "receive":
             state = admin.receive_state(args.group, args.topic)
             queues: dict[str, Any] = {
@@ -114,12 +116,25 @@ def cmd_describe(args: argparse.Namespace) -> int:
     )
     print(f"  retry delays: {_retry_text(group['retry_policy'])}")
     print(f"  topics: {', '.join(group['topics']) or '-'}")
+    print(f"  members: {', '.join(group['members']) or 'none connected'}")
     if "receive" in queues:
         print(f"  dead letters: {queues['dead_letters']}")
         print_rows(RECEIVE_COLUMNS, queues["receive"])
     else:
         print_rows(OFFSETS_COLUMNS, queues["offsets"])
     return 0
+
+
+def _members(admin: Admin, group: str, topics: list[str]) -> list[str]:
+    """The clients connected as the group's members (RocketMQ's consumerConnection); a topic
+    deleted since the group used it has none to ask about."""
+    members: set[str] = set()
+    for topic in topics:
+        try:
+            members.update(admin.group_members(group, topic))
+        except TidemqError:
+            continue
+    return sorted(members)
 
 
 def update_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -196,7 +211,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     ls.set_defaults(func=cmd_list)
 
     d = cgsub.add_parser(
-        "describe", help="settings, and per queue: done, in flight, retrying, held, lag"
+        "describe",
+        help="settings, members, and per queue: committed/done, in flight, retrying, lag",
     )
     d.add_argument("group")
     d.add_argument("--topic", help="only this topic")
@@ -260,5 +276,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     )
     rm.add_argument("group")
     rm.set_defaults(func=cmd_delete)
-    for p in (ls, d, u, rm):
+    reset = group_reset.add_parser(cgsub)
+    for p in (ls, d, u, rm, reset):
         add_nameserver(p)

@@ -54,6 +54,10 @@ def print_message(m: ReceivedMessage) -> None:
 def cmd_show(args: argparse.Namespace) -> int:
     with Admin(args.nameserver) as admin:
         m = admin.view_message(args.msg_id)
+    if args.save_body:
+        # The body exactly as stored (binary safe), as mqadmin queryMsgById writes it to a file.
+        with open(args.save_body, "wb") as f:
+            f.write(m.body)
     if args.json:
         print_json(m.as_dict())
     else:
@@ -140,6 +144,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     msub = p.add_subparsers(dest="message_command", required=True)
     show = msub.add_parser("show", help="one message: where, when, properties and body")
     show.add_argument("msg_id", metavar="MSG_ID")
+    show.add_argument("--save-body", metavar="PATH", help="also write the body to PATH, as is")
     show.set_defaults(func=cmd_show)
     find = msub.add_parser("find", help="a topic's messages by key or by time range")
     find.add_argument("topic")

@@ -1,18 +1,20 @@
 """``tidemq send`` and ``tidemq consume``: a console producer and consumer. ``send`` can delay
-delivery (``--delay``, ``--deliver-at``, ``--delay-level``; docs/production.md)."""
+delivery (``--delay``, ``--deliver-at``, ``--delay-level``; docs/production.md); without a body
+it reads messages from stdin or ``--file`` (``console_send``). ``consume`` is in
+``console_consume``."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from typing import Any
 
+from tidemq.cli import console_consume
 from tidemq.cli.common import add_nameserver
+from tidemq.cli.console_input import LineDefaults
+from tidemq.cli.console_send import send_lines
 from tidemq.cli.durations import parse_seconds
 from tidemq.cli.times import format_time_ms, parse_time_ms
-from tidemq.consumer import Consumer
 from tidemq.producer import Producer
 
 
@@ -47,6 +49,13 @@ def send_timing(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_send(args: argparse.Namespace) -> int:
     props = _properties(args.property)
     timing = send_timing(args)
+    if args.body is None:
+        if args.count != 1:
+            raise ValueError("--count goes with a BODY argument, not with lines from stdin/--file")
+        defaults = LineDefaults(args.tag, tuple(args.key), props, args.message_group)
+        return send_lines(args, defaults, timing)
+    if args.file is not None or args.json_lines:
+        raise ValueError("give a BODY argument or --file/--json-lines, not both")
     with Producer(args.nameserver) as producer:
         futures = [
             producer.send_async(
@@ -91,49 +100,23 @@ def cmd_send(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def cmd_consume(args: argparse.Namespace) -> int:
-    settings: dict[str, Any] = {
-        "tags": args.tags,
-        "start_from": args.start_from,
-        "auto_commit": False,
-        "mode": "broadcasting" if args.broadcast else "clustering",
-    }
-    received = 0
-    with Consumer(args.nameserver, group=args.group, topic=args.topic, **settings) as consumer:
-        idle_deadline = time.monotonic() + args.timeout
-        while received < args.max and time.monotonic() < idle_deadline:
-            wait = max(0.0, idle_deadline - time.monotonic())
-            batch = consumer.poll(max_messages=min(256, args.max - received), timeout_s=wait)
-            for m in batch:
-                if args.json:
-                    print(json.dumps(m.as_dict()), flush=True)
-                else:
-                    tag = f" tag={m.tag}" if m.tag else ""
-                    keys = f" keys={','.join(m.keys)}" if m.keys else ""
-                    body = m.body.decode(errors="replace")
-                    print(
-                        f"{m.topic}@{m.broker}#{m.queue_id} offset {m.queue_offset}"
-                        f"{tag}{keys}: {body}",
-                        flush=True,
-                    )
-            if batch:
-                received += len(batch)
-                idle_deadline = time.monotonic() + args.timeout
-            elif consumer.last_error is not None and not consumer.last_error.retriable:
-                # The consumer keeps trying in the background (a heartbeat, a pull); a command
-                # that got nothing says why rather than exit 0 as if the topic were empty.
-                raise consumer.last_error
-        if not args.no_commit:
-            consumer.commit()
-    if not args.json:
-        print(f"{received} message(s)", file=sys.stderr)
-    return 0
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    s = sub.add_parser("send", help="send a message")
+    s = sub.add_parser(
+        "send",
+        help="send a message, or one per line of stdin/--file",
+        description="Send BODY, or without BODY one message per line of stdin (or --file); "
+        "with --json-lines each line is a JSON object: body or body_base64, keys, tag, "
+        "properties, message_group, delay. The flags below are every line's defaults.",
+    )
     s.add_argument("topic")
-    s.add_argument("body")
+    s.add_argument("body", nargs="?", help="the message (omit it to read lines)")
+    s.add_argument("--file", metavar="PATH", help="read the lines from PATH instead of stdin")
+    s.add_argument(
+        "--json-lines",
+        action="store_true",
+        help="each line is a JSON object (body/body_base64, keys, tag, properties, "
+        "message_group, delay)",
+    )
     s.add_argument("--tag")
     s.add_argument("--key", action="append", default=[], help="a message key (repeatable)")
     s.add_argument(
@@ -166,23 +149,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_nameserver(s)
     s.set_defaults(func=cmd_send)
 
-    r = sub.add_parser("consume", help="read messages as a member of a consumer group")
-    r.add_argument("topic")
-    r.add_argument("--group", required=True)
-    r.add_argument("--max", type=int, default=100, help="stop after this many messages")
-    r.add_argument(
-        "--timeout", type=float, default=5.0, help="stop after this many seconds without one"
-    )
-    r.add_argument("--tags", default="*", help="'*' or 'tagA || tagB'")
-    r.add_argument(
-        "--from",
-        dest="start_from",
-        choices=["first", "last"],
-        default="first",
-        help="where a new group starts (default first)",
-    )
-    r.add_argument("--broadcast", action="store_true", help="broadcasting mode")
-    r.add_argument("--no-commit", action="store_true", help="do not commit offsets at the end")
-    r.add_argument("--json", action="store_true", help="one JSON object per message")
-    add_nameserver(r)
-    r.set_defaults(func=cmd_consume)
+    console_consume.add_parser(sub)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import logging
+import os
 import re
 import signal
+import sys
 
 from aiohttp import web
 
@@ -47,7 +50,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
     p.set_defaults(func=run, log_level=logging.INFO)
 
 
+# Set by `tidemq dev` to its pid (services/dev.py, which the client layer may not import).
+DIE_WITH_PARENT_ENV = "TIDEMQ_DIE_WITH_PARENT"
+PR_SET_PDEATHSIG = 1
+
+
+def _exit_with_dev_parent() -> None:
+    """A console started by ``tidemq dev`` ends when dev does, even by SIGKILL, instead of
+    holding its port; Linux only (prctl)."""
+    parent = os.environ.pop(DIE_WITH_PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        return
+    if os.getppid() != int(parent):  # it died before prctl took effect
+        sys.exit(1)
+
+
 def run(args: argparse.Namespace) -> int:
+    _exit_with_dev_parent()
     # Here, not at the top: every `tidemq` command loads this module to list its flags, and
     # only the console needs the web server and templates.
     from tidemq.console.app import build_app  # noqa: PLC0415

@@ -1,6 +1,7 @@
 """What the console remembers between page views: the last hour of rates and lag, per topic, per
 consumer group and per slave, computed from the brokers' own figures at each sample.
 
+The rate arithmetic is ``tidemq.admin.rates`` (``tidemq cluster status`` uses it too).
 Pure state: ``record`` takes one sample (every broker group's offset table and the slaves'
 replication lag, all read at ``at_ms``) and updates the series; nothing here does I/O or reads
 a clock, so the arithmetic is tested with made-up samples.
@@ -21,13 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tidemq.admin.offset_tables import GroupPosition, OffsetTable
+from tidemq.admin.rates import PositionKey, QueueKey, Sample, growth
 
 HOUR_MS = 3_600_000
-SYSTEM_PREFIX = "%SYS%"
 DLQ_PREFIX = "%DLQ%"
-
-QueueKey = tuple[str, str, int]  # broker group, topic, queue id
-PositionKey = tuple[str, str, str, int]  # broker group, consumer group, topic, queue id
 
 
 @dataclass
@@ -87,15 +85,8 @@ class History:
         tables: Iterable[OffsetTable],
         replication_lag_bytes: dict[str, int] | None = None,
     ) -> None:
-        new_max: dict[QueueKey, int] = {}
-        new_min: dict[QueueKey, int] = {}
-        new_pos: dict[PositionKey, GroupPosition] = {}
-        for t in tables:
-            for (topic, q), offs in t.queues.items():
-                new_max[t.broker, topic, q] = offs.max_offset
-                new_min[t.broker, topic, q] = offs.min_offset
-            for p in t.positions:
-                new_pos[t.broker, p.group, p.topic, p.queue_id] = p
+        sample = Sample.of(tables)
+        new_max, new_min, new_pos = sample.max_offsets, sample.min_offsets, sample.positions
         elapsed_s = (at_ms - self.last_ms) / 1000 if self.last_ms is not None else 0.0
         if elapsed_s > 0:
             self._rates(at_ms, elapsed_s, new_max, new_pos)
@@ -111,30 +102,14 @@ class History:
         new_max: dict[QueueKey, int],
         new_pos: dict[PositionKey, GroupPosition],
     ) -> None:
-        produced: dict[str, int] = {}
-        per_broker: dict[str, int] = {}
-        for (broker, topic, q), end in new_max.items():
-            if topic.startswith(SYSTEM_PREFIX):
-                continue
-            before = self._max.get((broker, topic, q))
-            n = max(end - before, 0) if before is not None else 0
-            produced[topic] = produced.get(topic, 0) + n
-            per_broker[broker] = per_broker.get(broker, 0) + n
-        for topic, n in produced.items():
+        g = growth(self._max, new_max, self._pos, new_pos)
+        for topic, n in g.produced_by_topic.items():
             self._series(self.produce_rate, topic).add(at_ms, n / elapsed_s)
-        for broker, n in per_broker.items():
+        for broker, n in g.produced_by_broker.items():
             self._series(self.broker_produce_rate, broker).add(at_ms, n / elapsed_s)
-        consumed: dict[tuple[str, str], int] = {}
-        per_broker = {}
-        for key, p in new_pos.items():
-            prev = self._pos.get(key)
-            moved = max(p.offset - prev.offset, 0) if prev is not None else 0
-            gt = (p.group, p.topic)
-            consumed[gt] = consumed.get(gt, 0) + moved
-            per_broker[key[0]] = per_broker.get(key[0], 0) + moved
-        for gt, n in consumed.items():
+        for gt, n in g.consumed_by_group_topic.items():
             self._series(self.consume_rate, gt).add(at_ms, n / elapsed_s)
-        for broker, n in per_broker.items():
+        for broker, n in g.consumed_by_broker.items():
             self._series(self.broker_consume_rate, broker).add(at_ms, n / elapsed_s)
 
     def _lag(

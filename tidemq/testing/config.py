@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tidemq import __version__
+
 IMAGE_ENV = "TIDEMQ_TEST_IMAGE"
 ZOOKEEPER_IMAGE_ENV = "TIDEMQ_TEST_ZOOKEEPER_IMAGE"
 # Set by whoever runs a test session (docker/with-engine.sh) to find and remove what a crashed
@@ -14,7 +16,8 @@ ZOOKEEPER_IMAGE_ENV = "TIDEMQ_TEST_ZOOKEEPER_IMAGE"
 RUN_LABEL_ENV = "TIDEMQ_TESTING_RUN"
 LABEL = "io.tidemq.testing"
 
-DEFAULT_IMAGE = "tidemq:latest"
+# What `make image` builds and the Helm chart pulls by default (docs/deployment.md).
+DEFAULT_IMAGE = f"ghcr.io/tidemq/tidemq:{__version__}"
 # The official image; any image honouring its ZOO_* variables works (docker/zookeeper/).
 DEFAULT_ZOOKEEPER_IMAGE = "zookeeper:3.8"
 

@@ -54,14 +54,103 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace 
 {{- end }}
 {{- end -}}
 
+{{/* <registry>/<repository>:<tag or appVersion>, what `make image` builds (docker/lib.sh). */}}
 {{- define "tidemq.image" -}}
 {{- $image := .Values.image -}}
 {{- $tag := default .Chart.AppVersion $image.tag -}}
+{{- $repository := ternary (printf "%s/%s" $image.registry $image.repository) $image.repository (ne "" $image.registry) -}}
 {{- if $image.digest -}}
-{{- printf "%s/%s@%s" $image.registry $image.repository $image.digest -}}
+{{- printf "%s@%s" $repository $image.digest -}}
 {{- else -}}
-{{- printf "%s/%s:%s" $image.registry $image.repository $tag -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
+{{- end -}}
+
+{{- define "tidemq.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "tidemq.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Pod spec lines every pod of the chart carries: the release's ServiceAccount, and no token
+unless asked for (no pod calls the Kubernetes API). */}}
+{{- define "tidemq.podServiceAccount" -}}
+serviceAccountName: {{ include "tidemq.serviceAccountName" . }}
+automountServiceAccountToken: {{ .Values.serviceAccount.automountServiceAccountToken }}
+{{- end -}}
+
+{{/* topologySpreadConstraints: the values' list as given, else the preset's one constraint.
+Args: root, component, values (nameserver or broker), extra selector labels. */}}
+{{- define "tidemq.topologySpread" -}}
+{{- if .values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml .values.topologySpreadConstraints | nindent 2 }}
+{{- else if .values.topologySpreadPreset }}
+{{- $selector := merge (fromYaml (include "tidemq.selectorLabels" .)) (.extra | default dict) }}
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: {{ ternary "topology.kubernetes.io/zone" "kubernetes.io/hostname" (eq .values.topologySpreadPreset "zone") }}
+    # Best effort: a zone or node short of capacity must not keep a broker from starting.
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels:
+        {{- toYaml $selector | nindent 8 }}
+{{- end }}
+{{- end -}}
+
+{{/* Every broker pod's name, in the order of externalAccess' per-broker lists (JSON). */}}
+{{- define "tidemq.brokerPods" -}}
+{{- $fullname := include "tidemq.fullname" . -}}
+{{- $pods := list -}}
+{{- range $group := fromJsonArray (include "tidemq.brokerGroups" .) -}}
+{{- range $ordinal := until (int (add 1 $.Values.broker.slavesPerGroup)) -}}
+{{- $pods = append $pods (printf "%s-%s-%d" $fullname $group $ordinal) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $pods -}}
+{{- end -}}
+
+{{/* externalAccess: per broker pod, its Service's settings and the addresses it advertises
+(JSON list of {pod, host, ip, grpc, rocketmq, grpcNodePort, rocketmqNodePort}). What a short list
+lacks stays empty: the validation names it. */}}
+{{- define "tidemq.externalBrokers" -}}
+{{- $s := .Values.externalAccess.service -}}
+{{- $nodePort := eq $s.type "NodePort" -}}
+{{- $out := list -}}
+{{- range $i, $pod := fromJsonArray (include "tidemq.brokerPods" .) -}}
+{{- $e := dict "pod" $pod "host" "" "ip" "" "grpc" "" "rocketmq" "" "grpcNodePort" 0 "rocketmqNodePort" 0 -}}
+{{- if $nodePort -}}
+{{- $_ := set $e "host" (toString $s.domain) -}}
+{{- if lt $i (len $s.nodePorts) -}}
+{{- $_ := set $e "grpcNodePort" (int (index $s.nodePorts $i)) -}}
+{{- end -}}
+{{- if lt $i (len $s.rocketmqNodePorts) -}}
+{{- $_ := set $e "rocketmqNodePort" (int (index $s.rocketmqNodePorts $i)) -}}
+{{- end -}}
+{{- if and $e.host $e.grpcNodePort -}}
+{{- $_ := set $e "grpc" (printf "%s:%d" $e.host $e.grpcNodePort) -}}
+{{- end -}}
+{{- if and $e.host $e.rocketmqNodePort -}}
+{{- $_ := set $e "rocketmq" (printf "%s:%d" $e.host $e.rocketmqNodePort) -}}
+{{- end -}}
+{{- else -}}
+{{- if lt $i (len $s.loadBalancerIPs) -}}
+{{- $_ := set $e "ip" (toString (index $s.loadBalancerIPs $i)) -}}
+{{- end -}}
+{{- $_ := set $e "host" $e.ip -}}
+{{- if lt $i (len $s.loadBalancerNames) -}}
+{{- $_ := set $e "host" (toString (index $s.loadBalancerNames $i)) -}}
+{{- end -}}
+{{- if $e.host -}}
+{{- $_ := set $e "grpc" (printf "%s:%d" $e.host (int $s.ports.grpc)) -}}
+{{- $_ := set $e "rocketmq" (printf "%s:%d" $e.host (int $s.ports.rocketmq)) -}}
+{{- end -}}
+{{- end -}}
+{{- $out = append $out $e -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}
 
 {{/* ZooKeeper connect string: the bundled ensemble's client Service, or zookeeper.connect. */}}
@@ -127,7 +216,32 @@ headless Service, and localhost (the probes dial 127.0.0.1, an IP SAN). */}}
 {{- range $group := fromJsonArray (include "tidemq.brokerGroups" .) -}}
 {{- $names = append $names (printf "*.%s-%s-headless.%s.svc.%s" $fullname $group $ns $domain) -}}
 {{- end -}}
-{{- toJson $names -}}
+{{- if .Values.externalAccess.enabled -}}
+{{- range $e := fromJsonArray (include "tidemq.externalBrokers" .) -}}
+{{- if and $e.host (not (regexMatch "^[0-9.]+$|:" $e.host)) -}}
+{{- $names = append $names $e.host -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $names = concat $names .Values.tls.extraDnsNames -}}
+{{- toJson (uniq $names) -}}
+{{- end -}}
+
+{{/* The IP addresses the serving certificates must cover: 127.0.0.1 (the probes), the
+brokers' external IPs (and a NodePort domain given as an IP), tls.extraIpAddresses. */}}
+{{- define "tidemq.tlsIps" -}}
+{{- $ips := list "127.0.0.1" -}}
+{{- if .Values.externalAccess.enabled -}}
+{{- range $e := fromJsonArray (include "tidemq.externalBrokers" .) -}}
+{{- range $address := list $e.ip $e.host -}}
+{{- if regexMatch "^[0-9.]+$|:" $address -}}
+{{- $ips = append $ips $address -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $ips = concat $ips .Values.tls.extraIpAddresses -}}
+{{- toJson (uniq $ips) -}}
 {{- end -}}
 
 {{/* [pod, certificate CN] of every broker pod: the identity it proves, broker:<group>:<id>,
@@ -400,6 +514,73 @@ Validation: every rule adds its message; the render fails once with all of them.
 {{- end -}}
 {{- if and $v.metrics.enabled (eq (int $v.nameserver.containerPorts.metrics) (int $v.nameserver.containerPorts.grpc)) -}}
 {{- $m = append $m "nameserver.containerPorts: grpc and metrics (with metrics.enabled) must be different ports" -}}
+{{- end -}}
+{{- range $what, $preset := dict "nameserver" $v.nameserver.topologySpreadPreset "broker" $v.broker.topologySpreadPreset -}}
+{{- if not (has $preset (list "" "zone" "hostname")) -}}
+{{- $m = append $m (printf "%s.topologySpreadPreset: must be empty, zone or hostname, got %v" $what $preset) -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.externalAccess.enabled -}}
+{{- $s := $v.externalAccess.service -}}
+{{- $pods := fromJsonArray (include "tidemq.brokerPods" .) -}}
+{{- $count := len $pods -}}
+{{- $order := printf "%d broker pods, in this order: %s" $count (join ", " $pods) -}}
+{{- if $v.externalAccess.autoDiscovery.enabled -}}
+{{- $m = append $m "externalAccess.autoDiscovery.enabled: not supported; give each broker's address in externalAccess.service (loadBalancerIPs, loadBalancerNames, or domain and nodePorts)" -}}
+{{- end -}}
+{{- if eq $s.type "NodePort" -}}
+{{- if not $s.domain -}}
+{{- $m = append $m "externalAccess.service.domain: required with type NodePort: the host name or IP clients reach the nodes at" -}}
+{{- end -}}
+{{- $range := regexFindAll "[0-9]+" (toString $s.nodePortRange) -1 -}}
+{{- if or (ne (len $range) 2) (not (regexMatch "^[0-9]+-[0-9]+$" (toString $s.nodePortRange))) -}}
+{{- $m = append $m (printf "externalAccess.service.nodePortRange: must be FIRST-LAST (the cluster's --service-node-port-range), got %v" $s.nodePortRange) -}}
+{{- else -}}
+{{- $lists := dict "nodePorts" $s.nodePorts -}}
+{{- if $v.broker.rocketmq.enabled -}}
+{{- $_ := set $lists "rocketmqNodePorts" $s.rocketmqNodePorts -}}
+{{- end -}}
+{{- $all := list -}}
+{{- range $name, $ports := $lists -}}
+{{- if lt (len $ports) $count -}}
+{{- $m = append $m (printf "externalAccess.service.%s: one node port per broker pod: %s; got %d" $name $order (len $ports)) -}}
+{{- end -}}
+{{- range $port := $ports -}}
+{{- if or (lt (int $port) (int (index $range 0))) (gt (int $port) (int (index $range 1))) -}}
+{{- $m = append $m (printf "externalAccess.service.%s: %v is outside the node port range %v" $name $port $s.nodePortRange) -}}
+{{- end -}}
+{{- $all = append $all (int $port) -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len $all) (len (uniq $all)) -}}
+{{- $m = append $m "externalAccess.service.nodePorts and rocketmqNodePorts: every node port must be different" -}}
+{{- end -}}
+{{- end -}}
+{{- else -}}
+{{- if and (not $s.loadBalancerIPs) (not $s.loadBalancerNames) -}}
+{{- $m = append $m (printf "externalAccess.service: type LoadBalancer needs the address each broker advertises: loadBalancerIPs or loadBalancerNames, %s" $order) -}}
+{{- end -}}
+{{- range $name := list "loadBalancerIPs" "loadBalancerNames" -}}
+{{- $list := index $s $name -}}
+{{- if and $list (lt (len $list) $count) -}}
+{{- $m = append $m (printf "externalAccess.service.%s: one per broker pod: %s; got %d" $name $order (len $list)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $advertised := list -}}
+{{- range $e := fromJsonArray (include "tidemq.externalBrokers" .) -}}
+{{- if $e.grpc -}}
+{{- $advertised = append $advertised $e.grpc -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (len $advertised) (len (uniq $advertised)) -}}
+{{- $m = append $m (printf "externalAccess.service: two brokers would advertise the same address: %s" (join ", " $advertised)) -}}
+{{- end -}}
+{{- range $what, $port := dict "externalAccess.service.ports.grpc" $s.ports.grpc "externalAccess.service.ports.rocketmq" $s.ports.rocketmq -}}
+{{- if or (not (regexMatch "^[0-9]+$" (toString $port))) (lt (int $port) 1) (gt (int $port) 65535) -}}
+{{- $m = append $m (printf "%s: must be a port number (1 to 65535), got %v" $what $port) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- if $m -}}
 {{- printf "\nVALUES VALIDATION:\n- %s" (join "\n- " $m) | fail -}}

@@ -11,11 +11,13 @@ import grpc
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.services.broker import config_sync
 from tidemq.services.broker.convert import broker_info, topic_proto
+from tidemq.services.broker.daily_stats import DayTopic
 from tidemq.services.broker.groups import SubscriptionGroupManager
 from tidemq.services.broker.handlers.checks import BrokerChecks, typed_errors
 from tidemq.services.broker.metrics import BrokerMetrics
 from tidemq.services.broker.offsets import OffsetManager
 from tidemq.services.broker.receive.service import ReceiveService
+from tidemq.services.broker.runtime_config import RuntimeConfig
 from tidemq.services.errors import ServiceError, invalid
 from tidemq.storage import MessageStore
 from tidemq.storage.clock import now_ms
@@ -52,6 +54,10 @@ class BrokerAdminHandlers:
         self.metrics = metrics
         # Set by the servicer when the broker serves receive/ack consumption.
         self.receive: ReceiveService | None = None
+        # Set by the servicer: the settings a slave's config sync copies.
+        self.runtime: RuntimeConfig | None = None
+        # Set by the server: the last N days' messages in/out per topic.
+        self.daily: Callable[[int], list[DayTopic]] | None = None
 
     @typed_errors
     async def GetBrokerStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -69,7 +75,20 @@ class BrokerAdminHandlers:
             running=not self.checks.shutting_down,
             replication=self.replication_status() if self.replication_status else None,
             failover=self.failover.status() if self.failover is not None else None,
+            daily=self._daily(request.daily_days),
         )
+
+    def _daily(self, days: int) -> list[Any]:
+        if days < 0:
+            raise invalid(f"daily_days must be >= 0, got {days}")
+        if days == 0 or self.daily is None:
+            return []
+        return [
+            broker_pb2.DailyTopicStats(
+                day=r.day, topic=r.topic, messages_in=r.messages_in, messages_out=r.messages_out
+            )
+            for r in self.daily(days)
+        ]
 
     @typed_errors
     async def GetOffsetTable(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -125,5 +144,11 @@ class BrokerAdminHandlers:
     @typed_errors
     async def SyncConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return config_sync.answer(
-            request, self.topics, self.groups, self.offsets, topic_proto, caller=context.peer()
+            request,
+            self.topics,
+            self.groups,
+            self.offsets,
+            topic_proto,
+            caller=context.peer(),
+            runtime=self.runtime,
         )

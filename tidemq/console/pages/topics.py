@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from tidemq.admin.rates import SYSTEM_PREFIX
 from tidemq.console.context import CONSOLE_KEY
-from tidemq.console.history import SYSTEM_PREFIX
 
 PAGE_ROWS = 1000
 
