@@ -48,7 +48,7 @@ typecheck: venv
 # the images (cached), serves the Docker API for testcontainers and removes what the tests
 # leave; without a working engine it says why and only tests/containers skip.
 pytest: venv tools interop-deps
-	bash docker/with-engine.sh $(PY) -m pytest
+	bash docker/with-engine.sh $(PY) -m pytest --durations=40
 
 .PHONY: tools image
 

@@ -10,12 +10,12 @@ added to the day (UTC) of the new sample.
 - out: the growth of every group's position on the topic, summed over groups (messages
   consumed: two groups reading a message count it twice, as RocketMQ's out figure does).
 
-The first sample after a start is the baseline. After it, a queue absent from the previous
-sample is new and counts from 0; a group's position absent from it counts nothing that interval
-(a new group may start anywhere in the queue); a position that moved back (an offset reset)
-counts no consumption. The
-samples are taken every minute and at each read, so what was sent in the minute before a
-restart may be left out; what grows across midnight counts for the later day.
+The first sample, taken as the broker starts serving, is the baseline. After it, a queue
+absent from the previous sample is new and counts from 0; a group's position absent from it
+counts nothing that interval (a new group may start anywhere in the queue); a position that
+moved back (an offset reset) counts no consumption. The samples are taken every minute and at
+each read, so what was sent in the minute before a restart may be left out; what grows across
+midnight counts for the later day.
 """
 
 from __future__ import annotations

@@ -285,6 +285,9 @@ class Broker:
         if self.metrics is not None:
             port = self.metrics.serve(self.config.metrics_listen)
             log.info("metrics on http://%s/metrics (port %d)", self.config.metrics_listen, port)
+        # The daily statistics' baseline, before any client is served: whatever is sent from
+        # now on counts (a baseline taken by the first scheduled run would swallow it).
+        take_sample(self.daily, now_ms(), self.topics, self.store, self.offsets)
         await self.server.start()
         for service in HEALTH_SERVICES:
             await self.health.set(service, health_pb2.HealthCheckResponse.SERVING)

@@ -118,8 +118,8 @@ def test_consume_from_an_offset_or_a_time_and_save_bodies(ns: str, tmp_path: Pat
 
 
 def test_consume_follow_commits_as_it_goes_until_ctrl_c(ns: str, tmp_path: Path) -> None:
-    out = tmp_path / "follow.out"
-    with out.open("w") as f:
+    out, err = tmp_path / "follow.out", tmp_path / "follow.err"
+    with out.open("w") as f, err.open("w") as e:
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -137,15 +137,18 @@ def test_consume_follow_commits_as_it_goes_until_ctrl_c(ns: str, tmp_path: Path)
                 "0.5",
             ],
             stdout=f,
-            stderr=subprocess.STDOUT,
+            stderr=e,
             text=True,
             env={**os.environ, "TIDEMQ_NAMESERVER": ns},
         )
     try:
-        time.sleep(3)  # it has joined the group and reads from the end
+        # It owns its queues and has fixed where it starts: the end.
+        wait_until(lambda: "following" in err.read_text(), 30, "the follower to own its queues")
         run_with_input(ns, "a\nb\nc\n", "send", TOPIC)
         wait_until(lambda: out.read_text().count("\n") >= 3, 20, "the follower to print 3")
-        time.sleep(2)  # well past --timeout: --follow keeps going
+        # Idle for four times its --timeout, a plain consume would have stopped; it must not.
+        # The elapsed time is what is tested here, so it is waited for, not a condition.
+        time.sleep(2)
         assert proc.poll() is None
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
@@ -211,10 +214,13 @@ def test_cluster_status_measures_messages_in_and_out(ns: str) -> None:
     status = subprocess.Popen(
         [sys.executable, "-m", "tidemq.cli", "cluster", "status", "--json", "--interval", "5s"],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TIDEMQ_NAMESERVER": ns},
     )
-    time.sleep(2)  # its first reading is taken
+    assert status.stderr is not None
+    # Its first reading is taken once it says it is measuring.
+    assert status.stderr.readline().startswith("measuring rates over 5 s")
     tidemq(ns, "send", "rated", "x", "--count", "50")
     tidemq(ns, *read)
     out, _ = status.communicate(timeout=30)

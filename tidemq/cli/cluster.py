@@ -5,6 +5,7 @@ readings of its offset table ``--interval`` apart."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ def _rates(admin: Admin, interval_s: float) -> dict[str, dict[str, float]]:
     """broker group -> {"in_per_s", "out_per_s"}; a group that failed either reading is left
     out (its line in the status already says why it is unreachable)."""
     first, _ = admin.offset_tables()
+    if interval_s >= 2:  # a pause long enough to wonder about
+        print(f"measuring rates over {interval_s:g} s", file=sys.stderr, flush=True)
     time.sleep(interval_s)
     second, _ = admin.offset_tables()
     return {

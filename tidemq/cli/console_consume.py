@@ -91,6 +91,7 @@ def cmd_consume(args: argparse.Namespace) -> int:
         "mode": "broadcasting" if args.broadcast else "clustering",
     }
     received = 0
+    announced = False
     with (
         _sigterm_as_interrupt(),
         Consumer(args.nameserver, group=args.group, topic=args.topic, **settings) as consumer,
@@ -106,6 +107,12 @@ def cmd_consume(args: argparse.Namespace) -> int:
                         break
                 want = POLL_BATCH if limit is None else min(POLL_BATCH, limit - received)
                 batch = consumer.poll(max_messages=want, timeout_s=wait)
+                if args.follow and not announced and consumer.assignment():
+                    # From here on, whatever is sent to its queues is shown: a script (or a
+                    # person) tailing the topic knows when to start producing.
+                    n = len(consumer.assignment())
+                    print(f"following {args.topic} on {n} queue(s)", file=sys.stderr, flush=True)
+                    announced = True
                 for m in batch:
                     _show(m, args)
                 if batch:
