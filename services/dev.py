@@ -41,11 +41,17 @@ class DevError(Exception):
 class Child:
     name: str
     proc: subprocess.Popen[bytes]
-    log: Path
+    log: Path | None  # None: it writes to our own output
 
     def tail(self, lines: int = 20) -> str:
+        if self.log is None:
+            return "(see the output above)"
         text = self.log.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+    @property
+    def where(self) -> str:
+        return str(self.log) if self.log is not None else "the output above"
 
 
 def die_with_parent() -> None:
@@ -78,12 +84,14 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _spawn(name: str, args: list[str], log: Path) -> Child:
-    with log.open("ab") as f:
+def _spawn(name: str, args: list[str], log: Path | None) -> Child:
+    """Start ``tidemq ARGS`` logging to ``log``, or to our own output when None (a container,
+    whose engine collects it)."""
+    with log.open("ab") if log is not None else open(os.devnull, "wb") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tidemq.cli", *args],
-            stdout=f,
-            stderr=subprocess.STDOUT,
+            stdout=f if log is not None else None,
+            stderr=subprocess.STDOUT if log is not None else None,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches only us; we stop the children in order
             env={**os.environ, DIE_WITH_PARENT_ENV: str(os.getpid())},
@@ -97,7 +105,7 @@ def _wait_serving(child: Child, ready: Callable[[], bool], deadline: float) -> N
         if child.proc.poll() is not None:
             raise DevError(
                 f"{child.name} exited with {child.proc.returncode} while starting; "
-                f"its log ({child.log}) ends with:\n{child.tail()}"
+                f"its log ({child.where}) ends with:\n{child.tail()}"
             )
         try:
             if ready():
@@ -106,7 +114,7 @@ def _wait_serving(child: Child, ready: Callable[[], bool], deadline: float) -> N
             pass
         if time.monotonic() > deadline:
             raise DevError(
-                f"{child.name} not serving after {START_TIMEOUT_S:.0f} s; see {child.log}"
+                f"{child.name} not serving after {START_TIMEOUT_S:.0f} s; see {child.where}"
             )
         time.sleep(0.1)
 
@@ -126,7 +134,14 @@ def run(args: argparse.Namespace) -> int:
     data = Path(args.data).resolve()
     logs = data / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+
+    def log_of(name: str) -> Path | None:
+        return None if args.logs_to_stdout else logs / f"{name}.log"
+
+    # Servers listen on ``--bind``; this process and the servers reach each other on loopback,
+    # and clients reach the master where ``--advertise`` says (a container's mapped ports).
     host = "127.0.0.1"
+    bind = args.bind
     ns_addr = f"{host}:{args.nameserver_port}"
     broker_addr = f"{host}:{args.broker_port}"
     slave_addr = f"{host}:{args.slave_port}"
@@ -143,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
             v2_ports["broker-a-s1"] = args.rocketmq_port + 1
         ports += [("rocketmq", port) for port in v2_ports.values()]
     for what, port in ports:
-        if not _port_free(host, port):
+        if not _port_free(bind, port):
             print(
                 f"tidemq dev: port {port} ({what}) is in use; is another cluster running? "
                 f"Choose others with --{what}-port.",
@@ -163,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     children: list[Child] = []
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
-        ns = _spawn("nameserver", ["nameserver", "--listen", ns_addr], logs / "nameserver.log")
+        ns_listen = f"{bind}:{args.nameserver_port}"
+        ns = _spawn("nameserver", ["nameserver", "--listen", ns_listen], log_of("nameserver"))
         children.append(ns)
         with grpc.insecure_channel(ns_addr) as ch:
             stub = nameserver_pb2_grpc.NameServerStub(ch)
@@ -181,13 +197,19 @@ def run(args: argparse.Namespace) -> int:
             slave_args = ["--role", "SLAVE", "--broker-id", "1", "--flush", args.flush]
             brokers.append(("broker-a-s1", slave_addr, [*common, *slave_args]))
         for name, address, flags in brokers:
-            v2 = ["--rocketmq-listen", f"{host}:{v2_ports[name]}"] if name in v2_ports else []
+            port = address.rpartition(":")[2]
+            master = name == "broker-a"
+            advertise = args.advertise if master and args.advertise else address
+            listen = ["--listen", f"{bind}:{port}", "--advertise", advertise]
+            v2: list[str] = []
+            if name in v2_ports:
+                v2_advertise = f"{host}:{v2_ports[name]}"
+                if master and args.rocketmq_advertise:
+                    v2_advertise = args.rocketmq_advertise
+                v2 = ["--rocketmq-listen", f"{bind}:{v2_ports[name]}"]
+                v2 += ["--rocketmq-advertise", v2_advertise]
             store = str(data / name)
-            child = _spawn(
-                name,
-                ["broker", "--listen", address, "--store", store, *flags, *v2],
-                logs / f"{name}.log",
-            )
+            child = _spawn(name, ["broker", *listen, "--store", store, *flags, *v2], log_of(name))
             children.append(child)
             _wait_broker(child, address, deadline)
         with grpc.insecure_channel(ns_addr) as ch:
@@ -206,8 +228,8 @@ def run(args: argparse.Namespace) -> int:
             console_url = f"http://{host}:{args.console_port}/"
             console = _spawn(
                 "console",
-                ["console", "--nameserver", ns_addr, "--listen", f"{host}:{args.console_port}"],
-                logs / "console.log",
+                ["console", "--nameserver", ns_addr, "--listen", f"{bind}:{args.console_port}"],
+                log_of("console"),
             )
             children.append(console)
             _wait_serving(console, lambda: _http_ok(console_url + "healthz"), deadline)
@@ -225,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
             for c in children:
                 if c.proc.poll() is not None:
                     raise DevError(
-                        f"{c.name} exited with {c.proc.returncode}; its log ({c.log}) ends "
+                        f"{c.name} exited with {c.proc.returncode}; its log ({c.where}) ends "
                         f"with:\n{c.tail()}"
                     )
             time.sleep(0.2)
@@ -329,4 +351,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "next port (0: none)",
     )
     p.add_argument("--store-overrides", help="JSON object of StoreConfig keys (e.g. smaller files)")
+    p.add_argument(
+        "--bind",
+        default="127.0.0.1",
+        help="the address every server listens on (default loopback; 0.0.0.0 in a container)",
+    )
+    p.add_argument(
+        "--advertise",
+        help="HOST:PORT clients reach the master at, if not its own port on loopback (a "
+        "container's host-mapped port)",
+    )
+    p.add_argument(
+        "--rocketmq-advertise",
+        help="HOST:PORT the official clients reach the master's RocketMQ 5 listener at",
+    )
+    p.add_argument(
+        "--logs-to-stdout",
+        action="store_true",
+        help="the servers log to this command's output instead of DATA/logs (a container's)",
+    )
     p.set_defaults(func=run)

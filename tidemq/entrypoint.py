@@ -17,6 +17,17 @@ pod's ordinal (the number that ends its host name), ``ordinal+1`` that plus one 
 failover numbers brokers from 1), and ``--role ordinal:SYNC_MASTER`` means ``SYNC_MASTER`` for
 pod 0 and ``SLAVE`` for the others.
 
+``standalone`` runs a nameserver on the embedded registry and one master broker in this
+container (``tidemq dev`` without a slave or console), for tests and trying tidemq out: the
+nameserver on 9876, the broker on 10911, its RocketMQ 5 listener on 8081, topics created on
+first use, the store on the volume, every server's log on the container's output. Clients
+outside reach the broker where it advertises itself: this container's IP address by default,
+``TIDEMQ_ADVERTISE`` and ``TIDEMQ_ROCKETMQ_ADVERTISE`` (``HOST:PORT``) if set; with
+``TIDEMQ_ADVERTISE_FILE`` set, it waits (up to two minutes) for that file, a TOML of
+``advertise`` and ``rocketmq_advertise`` (``"HOST:PORT"``), to appear. That is how
+``tidemq.testing.TidemqContainer`` hands it the host-mapped ports, known only once the
+container runs.
+
 ``healthcheck`` asks the server this container started whether it serves (exit 0 or 1), for the
 image's HEALTHCHECK. Any other command is passed to the ``tidemq`` CLI unchanged.
 """
@@ -28,6 +39,7 @@ import os
 import re
 import socket
 import sys
+import time
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +55,10 @@ HEALTH_FILE_ENV = "TIDEMQ_HEALTH_FILE"
 DEFAULT_HEALTH_FILE = "/tmp/tidemq-health-address"
 
 SERVERS = ("nameserver", "broker")
+STANDALONE = "standalone"
+ADVERTISE_FILE_ENV = "TIDEMQ_ADVERTISE_FILE"
+ADVERTISE_WAIT_S = 120.0
+STANDALONE_PORTS = {"nameserver": 9876, "broker": 10911, "rocketmq": 8081}
 DEFAULT_STORE = "/var/lib/tidemq/store"
 DEFAULTS: Mapping[str, Mapping[str, str]] = {
     "nameserver": {"listen": "0.0.0.0:9876"},
@@ -114,16 +130,16 @@ def _from_env(
     return flags
 
 
-def _config_keys(path: str | None) -> dict[str, object]:
+def _config_keys(path: str | None, what: str = "the broker config") -> dict[str, object]:
     if not path:
         return {}
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except OSError as e:
-        raise EntrypointError(f"cannot read the broker config {path}: {e.strerror}") from None
+        raise EntrypointError(f"cannot read {what} {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
-        raise EntrypointError(f"the broker config {path} is not valid TOML: {e}") from None
+        raise EntrypointError(f"{what} {path} is not valid TOML: {e}") from None
 
 
 def ordinal(hostname: str) -> int:
@@ -167,8 +183,62 @@ def _own_address() -> str:
         return socket.gethostname()
 
 
+def read_advertised(path: str) -> dict[str, str]:
+    """``advertise`` and ``rocketmq_advertise`` from the advertise file, checked."""
+    keys = _config_keys(path, "the advertise file")
+    out: dict[str, str] = {}
+    for key in ("advertise", "rocketmq_advertise"):
+        value = keys.get(key)
+        if value is None:
+            continue
+        host, sep, port = str(value).rpartition(":")
+        if not isinstance(value, str) or not sep or not host or not port.isdigit():
+            raise EntrypointError(f'{key} in {path} must be "HOST:PORT", not {value!r}')
+        out[key] = value
+    unknown = sorted(set(keys) - {"advertise", "rocketmq_advertise"})
+    if unknown:
+        raise EntrypointError(f"{path} has unknown keys: {', '.join(unknown)}")
+    return out
+
+
+def wait_for_file(path: str, timeout_s: float = ADVERTISE_WAIT_S) -> None:
+    """Until ``path`` exists; whoever writes it renames it into place, so it is whole."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise EntrypointError(f"{path} did not appear within {timeout_s:.0f} s")
+        time.sleep(0.05)
+
+
+def plan_standalone(args: Sequence[str], advertised: Mapping[str, str]) -> Launch:
+    """``tidemq dev`` as one container's nameserver and master; ``args`` are more dev flags."""
+    ports = STANDALONE_PORTS
+    own = _own_address()
+    argv = [
+        "dev",
+        *("--data", DEFAULT_STORE, "--bind", "0.0.0.0", "--logs-to-stdout"),
+        *("--slave-port", "0", "--console-port", "0"),
+        *("--nameserver-port", str(ports["nameserver"]), "--broker-port", str(ports["broker"])),
+        *("--rocketmq-port", str(ports["rocketmq"])),
+        "--advertise",
+        advertised.get("advertise", f"{own}:{ports['broker']}"),
+        "--rocketmq-advertise",
+        advertised.get("rocketmq_advertise", f"{own}:{ports['rocketmq']}"),
+        *args,
+    ]
+    return Launch(argv, f"127.0.0.1:{ports['broker']}")
+
+
 def plan(argv: Sequence[str], env: Mapping[str, str], hostname: str) -> Launch:
     """What to run for ``argv`` (the entrypoint's arguments) in environment ``env``."""
+    if argv[:1] == [STANDALONE]:
+        path = env.get(ADVERTISE_FILE_ENV)
+        from_env = {
+            key: env[ENV_PREFIX + key.upper()]
+            for key in ("advertise", "rocketmq_advertise")
+            if env.get(ENV_PREFIX + key.upper())
+        }
+        return plan_standalone(argv[1:], read_advertised(path) if path else from_env)
     if not argv or argv[0] not in SERVERS:
         return Launch(list(argv), None)
     command, args = argv[0], _split_equals(argv[1:])
@@ -215,6 +285,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["healthcheck"]:
         return healthcheck(env)
     try:
+        if argv[:1] == [STANDALONE] and env.get(ADVERTISE_FILE_ENV):
+            wait_for_file(env[ADVERTISE_FILE_ENV])
         launch = plan(argv, env, socket.gethostname())
     except EntrypointError as e:
         print(f"tidemq entrypoint: {e}", file=sys.stderr)

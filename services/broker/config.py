@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import ipaddress
 import os
+import socket
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -349,6 +351,25 @@ class BrokerConfig:
     @property
     def advertised(self) -> str:
         return self.advertise or self.listen
+
+    def store_host(self) -> str:
+        """``IP:PORT`` stamped on every message this broker stores (part of its message id, as
+        RocketMQ's brokerIP1): the advertised address when it is an IP; an advertised host name
+        (a load balancer's, ``localhost`` for a container's mapped port) is resolved, or, when
+        it cannot be yet, the listen address stands in."""
+        host, _, port = self.advertised.rpartition(":")
+        bare = host.strip("[]")
+        try:
+            ipaddress.ip_address(bare)
+        except ValueError:
+            pass
+        else:
+            return self.advertised
+        try:
+            infos = socket.getaddrinfo(bare, None, socket.AF_INET, socket.SOCK_STREAM)
+            return f"{infos[0][4][0]}:{port}"
+        except OSError:
+            return self.listen
 
     @property
     def rocketmq_advertised(self) -> str:

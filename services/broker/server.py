@@ -74,7 +74,7 @@ class Broker:
             StoreConfig(
                 config.store_dir,
                 flush_mode=config.flush,
-                store_host=config.advertised,
+                store_host=config.store_host(),
                 **config.store_overrides,
             )
         )

@@ -9,7 +9,7 @@ from pathlib import Path
 import grpc
 
 from tests.containers.conftest import MakeCluster
-from tests.interop.clients import PYTHON, ROOT, Programs
+from tests.interop.clients import run_python_docs_example
 from tests.waiting import wait_until
 from tidemq import SendStatus
 from tidemq.protos.rocketmq import definition_pb2 as v2
@@ -107,14 +107,5 @@ def test_the_official_python_client_finds_and_uses_every_broker_through_any_brok
         wanted = {master.rocketmq_address: {v2.READ_WRITE}, slave.rocketmq_address: {v2.NONE}}
         wait_until(lambda: route() == wanted, 30, f"the slave's route naming {wanted}")
 
-    programs = Programs(PYTHON, tmp_path / "clients")
-    try:
-        example = ROOT / "docs" / "examples" / "official_python_client.py"
-        lines = programs.run_script(example, slave.rocketmq_address)
-    finally:
-        programs.close()
-    sent = [line.split()[1] for line in lines if line.startswith("sent ")]
-    received = [line.split() for line in lines if line.startswith("received ")]
-    assert len(sent) == 1 and len(received) == 1, lines
-    assert received[0][1:3] == [sent[0], "created"]
+    run_python_docs_example(slave.rocketmq_address, tmp_path / "clients")
     assert cluster.rocketmq_endpoints == ";".join(n.rocketmq_address for n in (master, slave))

@@ -224,3 +224,19 @@ class Programs:
     def close(self) -> None:
         for p in self.started:
             p.kill()
+
+
+def run_python_docs_example(endpoint: str, tmp: Path) -> None:
+    """docs/examples/official_python_client.py, run unmodified against ``endpoint``: it sends
+    one message tagged ``created`` and must receive that very message."""
+    programs = Programs(PYTHON, tmp)
+    try:
+        lines = programs.run_script(
+            ROOT / "docs" / "examples" / "official_python_client.py", endpoint
+        )
+    finally:
+        programs.close()
+    sent = [line.split()[1] for line in lines if line.startswith("sent ")]
+    received = [line.split() for line in lines if line.startswith("received ")]
+    assert len(sent) == 1 and len(received) == 1, lines
+    assert received[0][1:3] == [sent[0], "created"]

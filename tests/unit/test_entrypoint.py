@@ -142,3 +142,46 @@ def test_an_empty_rocketmq_listen_turns_the_listener_off(
     off = plan(["broker", "--config", str(toml)], {}, HOST).argv
     assert "--rocketmq-listen" not in off and "--rocketmq-advertise" not in off
     assert broker_config_of(off).rocketmq_advertised == ""
+
+
+def test_standalone_is_dev_on_all_interfaces_advertising_the_handed_addresses(
+    tmp_path: Path,
+) -> None:
+    advertise = tmp_path / "advertise.toml"
+    advertise.write_text('advertise = "localhost:32770"\nrocketmq_advertise = "localhost:32771"\n')
+    launch = plan(["standalone"], {"TIDEMQ_ADVERTISE_FILE": str(advertise)}, HOST)
+    assert launch.argv[0] == "dev"
+    f = flags(launch.argv)
+    assert f["--bind"] == "0.0.0.0"
+    assert (f["--advertise"], f["--rocketmq-advertise"]) == ("localhost:32770", "localhost:32771")
+    assert (f["--slave-port"], f["--console-port"]) == ("0", "0")
+    assert "--logs-to-stdout" in launch.argv
+    assert launch.probe_address == "127.0.0.1:10911"
+    env = {"TIDEMQ_ADVERTISE": "localhost:10911"}  # docker run -p 10911:10911 -e ...
+    assert flags(plan(["standalone"], env, HOST).argv)["--advertise"] == "localhost:10911"
+    # What follows the command goes to dev, after the defaults (argparse: the last one wins).
+    assert plan(["standalone", "--flush", "SYNC"], {}, HOST).argv[-2:] == ["--flush", "SYNC"]
+    # Every flag planned is one dev takes.
+    parsed = cli.build_parser().parse_args(launch.argv)
+    assert parsed.bind == "0.0.0.0" and parsed.advertise == "localhost:32770"
+
+
+def test_a_bad_advertise_file_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    advertise = tmp_path / "advertise.toml"
+    env = {"TIDEMQ_ADVERTISE_FILE": str(advertise)}
+    for text, says in [
+        ('advertise = "no-port"\n', 'must be "HOST:PORT"'),
+        ('advertise = "h:1"\nlisten = "x"\n', "unknown keys: listen"),
+        ("advertise = \n", "not valid TOML"),
+    ]:
+        advertise.write_text(text)
+        with pytest.raises(EntrypointError, match=says):
+            plan(["standalone"], env, HOST)
+
+
+def test_standalone_waits_for_its_advertise_file_then_gives_up(tmp_path: Path) -> None:
+    missing = tmp_path / "never.toml"
+    with pytest.raises(EntrypointError, match="did not appear within 0 s"):
+        entrypoint.wait_for_file(str(missing), timeout_s=0.0)
+    missing.write_text("")
+    entrypoint.wait_for_file(str(missing), timeout_s=0.0)  # there: returns at once

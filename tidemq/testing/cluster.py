@@ -32,7 +32,10 @@ from tidemq.testing.config import (
     ZOOKEEPER_TICK_MS,
     broker_toml,
 )
+from tidemq.testing.links import LinkFaults, enforcer, script
 from tidemq.testing.node import ROCKETMQ_PORT, Kind, Node, wait_for
+
+Nodes = str | Node | Iterable[str | Node]
 
 
 def _start(container: DockerContainer, attempts: int = 3) -> None:
@@ -110,6 +113,8 @@ class TidemqCluster:
         self.labels = {LABEL: self.id, f"{LABEL}.run": os.environ.get(RUN_LABEL_ENV, "")}
         self.network = Network(docker_network_kw={"labels": self.labels})
         self.nodes: dict[str, Node] = {}
+        self.links = LinkFaults()
+        self._faulted: set[str] = set()  # nodes whose namespace holds (or held) link rules
         self._started = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -181,11 +186,15 @@ class TidemqCluster:
         env: Mapping[str, str],
         broker_toml: bytes | None = None,
     ) -> Node:
+        kwargs: dict[str, Any] = {"hostname": name, "labels": self.labels}
+        if kind is not Kind.ZOOKEEPER:
+            # Per-link faults set iptables rules in the node's namespace (as root, by exec).
+            kwargs["cap_add"] = ["NET_ADMIN"]
         container = (
             DockerContainer(image)
             .with_network(self.network)
             .with_network_aliases(name)
-            .with_kwargs(hostname=name, labels=self.labels)
+            .with_kwargs(**kwargs)
             .with_envs(**env)
         )
         if kind is Kind.ZOOKEEPER:
@@ -263,6 +272,7 @@ class TidemqCluster:
 
     def start_node(self, node: str | Node, timeout_s: float | None = None) -> None:
         self.node(node).start(timeout_s or self.start_timeout_s)
+        self._apply_links()  # a started container has a new namespace, without the rules
 
     def restart(self, node: str | Node, timeout_s: float | None = None) -> None:
         self.stop(node)
@@ -270,6 +280,7 @@ class TidemqCluster:
 
     def replace(self, node: str | Node, timeout_s: float | None = None) -> None:
         self.node(node).replace(timeout_s or self.start_timeout_s)
+        self._apply_links()  # its namespace is new, and its address may be
 
     def pause(self, node: str | Node) -> None:
         self.node(node).pause()
@@ -282,6 +293,55 @@ class TidemqCluster:
 
     def reconnect(self, node: str | Node) -> None:
         self.node(node).reconnect()
+
+    # Per-link faults: between two nodes only, each still reaching every other node.
+    def _names(self, nodes: Nodes) -> list[str]:
+        if isinstance(nodes, str | Node):
+            nodes = [nodes]
+        return [self.node(n).name for n in nodes]
+
+    def _links_between(self, side: Nodes, other: Nodes) -> list[tuple[str, str]]:
+        pairs = [(a, b) for a in self._names(side) for b in self._names(other)]
+        able = {n.name: n.holds_link_faults for n in self.nodes.values()}
+        for a, b in pairs:
+            enforcer(frozenset((a, b)), able)  # ValueError before anything changes
+        return pairs
+
+    def delay(self, side: Nodes, other: Nodes, delay_ms: float) -> None:
+        """Every packet between a node of ``side`` and one of ``other`` arrives ``delay_ms``
+        later, each way (a round trip takes ``2 * delay_ms`` more), established connections
+        included; 0 ends the delay."""
+        for a, b in self._links_between(side, other):
+            self.links.delay(a, b, delay_ms)
+        self._apply_links()
+
+    def partition(self, side: Nodes, other: Nodes) -> None:
+        """Cut every link between a node of ``side`` and one of ``other``, both directions,
+        established connections included (packets vanish: peers see timeouts, not resets).
+        Each node still reaches every node not on the other side."""
+        for a, b in self._links_between(side, other):
+            self.links.cut(a, b)
+        self._apply_links()
+
+    def heal(self, side: Nodes | None = None, other: Nodes | None = None) -> None:
+        """End the delays and cuts between ``side`` and ``other``; without them, all."""
+        if side is None or other is None:
+            self.links.heal_all()
+        else:
+            for a, b in self._links_between(side, other):
+                self.links.heal(a, b)
+        self._apply_links()
+
+    def _apply_links(self) -> None:
+        self._faulted |= self.links.nodes_touched()
+        if not self._faulted:
+            return
+        ips = {n.name: n.ip for n in self.nodes.values()}
+        able = {n.name: n.holds_link_faults for n in self.nodes.values()}
+        for name in sorted(self._faulted):
+            node = self.nodes[name]
+            if node.holds_link_faults and node.status == "running":
+                node.run_as_root(script(self.links.plan(name, ips, able)))
 
     # ------------------------------------------------------------------ clients
     def producer(self, **settings: Any) -> Producer:

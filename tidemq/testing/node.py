@@ -182,6 +182,20 @@ class Node:
         self.ip  # noqa: B018 - remembered for reconnect()
         self.network._unwrap_network.disconnect(self.container.get_container_id())
 
+    @property
+    def holds_link_faults(self) -> bool:
+        """Whether per-link faults can be set in its namespace: tidemq's image has iptables and
+        runs with NET_ADMIN in a cluster; ZooKeeper's image has neither."""
+        return self.kind is not Kind.ZOOKEEPER
+
+    def run_as_root(self, script: str) -> str:
+        """Run a shell script in the container as root; its output, or RuntimeError."""
+        code, out = self._docker().exec_run(["sh", "-c", script], user="root")
+        text = out.decode(errors="replace") if isinstance(out, bytes) else str(out)
+        if code != 0:
+            raise RuntimeError(f"{self.name}: script failed ({code}):\n{text}")
+        return text
+
     def reconnect(self) -> None:
         """Back on the network under its name and with its old address, which it advertised."""
         self.network._unwrap_network.connect(
