@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from tidemq.admin.messages import MessageEventKind, assemble_history, msg_id_address
+from tidemq.admin.message_history import MessageEventKind, assemble_history
+from tidemq.admin.messages import msg_id_address
 from tidemq.errors import InvalidArgumentError
 from tidemq.protos import broker_pb2
 from tidemq.services.broker.receive.events import (

@@ -8,7 +8,7 @@ import argparse
 import json
 
 from tidemq.admin import Admin
-from tidemq.admin.messages import MessageEvent, MessageHistory
+from tidemq.admin.message_history import MessageEvent, MessageHistory
 from tidemq.cli.common import add_nameserver, print_json
 from tidemq.cli.tables import print_table
 from tidemq.cli.times import format_time_ms, parse_time_ms
