@@ -21,7 +21,7 @@ deb $(debian_mirror) bookworm main
 deb $(debian_mirror) bookworm-updates main
 deb http://deb.debian.org/debian-security bookworm-security main
 SOURCES
-  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/lib/apt/lists/*
   tar -C "$rootfs" -c . | podman import -q --change 'CMD ["/bin/bash"]' - "$BASE_OS_IMAGE" >/dev/null
   rm -rf "$rootfs"
   log "imported $BASE_OS_IMAGE"
