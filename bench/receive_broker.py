@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import sys
+import time
 from types import TracebackType
 from typing import Any
 
@@ -28,10 +29,16 @@ BROKER_NAME = "bench-receive"
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` used so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    """CPU seconds process ``pid`` used so far (all its threads, those gone included), to the
+    nanosecond: the kernel's per-process CPU clock (MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)).
+    /proc's figures count whole clock ticks (10 ms), more than a short window's whole CPU: a
+    2,000-message batched send read 0 there."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)
+    except OSError:  # not Linux, or the process is gone: the ticks are what there is
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def rss_bytes(pid: int) -> dict[str, int]:
