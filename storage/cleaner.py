@@ -54,6 +54,8 @@ class Cleaner:
         self.replica_floor: Callable[[], int | None] | None = None
         self.consumer_positions: Callable[[], Iterable[QueuePosition]] | None = None
         self.pinned_positions: Callable[[], Iterable[QueuePosition]] | None = None
+        # Set when the store archives (``archive.archiver``): files end at or below it to go.
+        self.archive_floor: Callable[[], int] | None = None
         self.counts = RetentionCounts()
         self._last_held: tuple[int, Held] | None = None  # logged and counted once per file
 
@@ -94,6 +96,7 @@ class Cleaner:
                 consumer_floor=self._lowest_record(positions) if decision.force else None,
                 force_delete_unconsumed=cfg.force_delete_unconsumed,
                 pinned_floor=self._lowest_record(pinned),
+                archive_floor=self.archive_floor() if self.archive_floor is not None else None,
             )
             n = plan.delete
             if n:
@@ -172,6 +175,11 @@ class Cleaner:
         self.counts.held[why] += 1
         if why is Held.UNREPLICATED:
             detail = f"an in-sync slave has acknowledged only up to {replica_floor}"
+        elif why is Held.UNARCHIVED:
+            detail = (
+                "it is not archived yet (retention policy archive; an unreachable archive stops "
+                "deletion until it is back)"
+            )
         elif why is Held.PINNED:
             detail = (
                 "it holds state the broker still has pending (an undelivered delayed message or "

@@ -9,8 +9,12 @@ from __future__ import annotations
 import enum
 import ipaddress
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tidemq.storage.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tidemq.storage.archive.config import ArchiveConfig
 
 COMMITLOG_MIN_FILE_SIZE_BYTES = 1024
 
@@ -113,6 +117,8 @@ class StoreConfig:
     # group has not read only when True; by default it keeps them and the disk fills until writes
     # are refused (storage.retention).
     force_delete_unconsumed: bool = False
+    # Archive instead of (only) delete (docs/archive.md): None keeps RocketMQ's behaviour.
+    archive: ArchiveConfig | None = None
     # Recovery: a bad record followed by good ones is corruption, not a torn tail. By default the
     # store refuses to open (an operator decides); True cuts there and keeps the rest as evidence.
     truncate_on_corruption: bool = False

@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future
 
 from tidemq.storage.answers import done_future
+from tidemq.storage.archive.archiver import Archiver
 from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.checkpoint import read_checkpoint
 from tidemq.storage.cleaner import Cleaner
@@ -51,7 +52,10 @@ DISK_FULL_RETRY_MAX_S = 1.0
 
 
 class StoreLifecycle:
-    def __init__(self, parts: StoreParts, cleaner: Cleaner) -> None:
+    def __init__(
+        self, parts: StoreParts, cleaner: Cleaner, archiver: Archiver | None = None
+    ) -> None:
+        self._archiver = archiver
         self._parts = parts
         self._cleaner = cleaner
         self.lock = StoreLock(parts.root)
@@ -148,6 +152,10 @@ class StoreLifecycle:
             threading.Thread(target=self._dispatch_loop, name="dispatch", daemon=True),
             threading.Thread(target=self._housekeeping_loop, name="housekeeping", daemon=True),
         ]
+        if self._archiver is not None:
+            self.threads.append(
+                threading.Thread(target=self._archive_loop, name="archiver", daemon=True)
+            )
         for t in self.threads:
             t.start()
 
@@ -320,6 +328,21 @@ class StoreLifecycle:
             DiskFullError(f"the message is stored but cannot be dispatched: disk full ({exc})")
         )
         return min(max(pause_s * 2, DISK_FULL_RETRY_MIN_S), DISK_FULL_RETRY_MAX_S)
+
+    # ================================================================= archiving
+    def _archive_loop(self) -> None:
+        """Archiving runs in its own thread: uploading a 1 GiB file must not hold up the
+        checkpoint. Its failures stop archiving (and deletion), never the store."""
+        archiver = self._archiver
+        assert archiver is not None
+        period_s = archiver.config.interval_ms / 1000
+        wait_s = 0.0  # the first pass reads the manifest at once
+        while not self.stop_event.wait(wait_s):
+            wait_s = period_s
+            try:
+                archiver.run()
+            except Exception:  # logged; the next pass tries again
+                log.exception("archiving pass failed; tried again in %.1f s", period_s)
 
     # ================================================================= housekeeping
     def _housekeeping_loop(self) -> None:

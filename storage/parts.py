@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 
+from tidemq.storage.archive.backends import open_backend
+from tidemq.storage.archive.reader import ArchiveReader
 from tidemq.storage.checkpoint import Checkpoint, write_checkpoint
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.config import FlushMode, StoreConfig
@@ -59,6 +61,14 @@ class StoreParts:
         )
         self.dispatcher = Dispatcher(self.commitlog, self.queues, self.index)
         self.manifest = Manifest(self.root)
+        # Reads past local retention (docs/archive.md); the archiver is the store's.
+        self.archive: ArchiveReader | None = None
+        if config.archive is not None:
+            self.archive = ArchiveReader(
+                open_backend(config.archive.uri, config.archive.s3_endpoint_url or None),
+                cache_bytes=config.archive.cache_bytes,
+                record_crc=config.record_crc,
+            )
         self.put_lock = threading.Lock()
         # Re-entrant: truncation holds it while writing the checkpoint, which takes it too.
         self.dispatch_lock = threading.RLock()

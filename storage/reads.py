@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from tidemq.storage.archive.format import ArchiveCorruptError
 from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, ConsumeQueue, is_blank
 from tidemq.storage.errors import (
     CorruptRecordError,
@@ -24,6 +25,7 @@ from tidemq.storage.mapped_file import MappedFile
 from tidemq.storage.parts import StoreParts
 from tidemq.storage.record import StoredMessage, parse_msg_id
 from tidemq.storage.record.block import gather_records
+from tidemq.storage.record.decode import decode_record
 from tidemq.storage.record.gather import ENTRIES_END, OTHER_FILE
 
 QUERY_MAX_NUM = 64
@@ -68,10 +70,48 @@ class StoreReader:
         self._dispatcher = parts.dispatcher
         self._index = parts.index
         self._store_host = parts.config.store_host_packed
+        self._archive = parts.archive
 
     def min_offset(self, topic: str, queue_id: int) -> int:
+        """The first queue offset a consumer can read, archived ranges included."""
         cq = self._queues.get(topic, queue_id)
-        return cq.min_offset if cq is not None else 0
+        return self._lowest(topic, queue_id, cq.min_offset) if cq is not None else 0
+
+    def _lowest(self, topic: str, queue_id: int, local_min: int) -> int:
+        if self._archive is None:
+            return local_min
+        got = self._archive.queue_range(topic, queue_id)
+        return min(local_min, got[0]) if got is not None else local_min
+
+    def _archived(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        local_min: int,
+        max_count: int,
+        max_bytes: int,
+        tags: Sequence[str] | None,
+    ) -> tuple[bytes, int, int]:
+        """Records of one queue from ``offset``, below the local ConsumeQueue's minimum, read from
+        the archive (within the one archived file that holds ``offset``): their stored bytes
+        back to back, how many, and the next offset. Raises ``OffsetBelowMinError`` for an
+        offset neither local nor archived, with the first offset that is."""
+        lowest = self._lowest(topic, queue_id, local_min)
+        codes = None if not tags or "*" in tags else {tag_code(t) for t in tags}
+        tag_set = set(tags) if codes is not None and tags else None
+        out = bytearray()
+        got = None
+        if self._archive is not None and offset >= lowest:
+            got = self._archive.gather(
+                topic, queue_id, offset, max_count, max_bytes, codes, tag_set, out
+            )
+        if got is None:
+            # Below everything, or in a range no topic's policy archived: the next readable one.
+            first = lowest if offset < lowest else local_min
+            raise OffsetBelowMinError(f"queue offset of {topic}/{queue_id}", offset, first)
+        consumed, records = got
+        return bytes(out), records, offset + consumed
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         cq = self._queues.get(topic, queue_id)
@@ -110,7 +150,13 @@ class StoreReader:
         readable = self._dispatcher.offset
         lo, hi = cq.min_offset, self._visible_max(cq, readable)
         if offset < lo:
-            raise OffsetBelowMinError(f"queue offset of {topic}/{queue_id}", offset, lo)
+            raw, n, nxt = self._archived(topic, queue_id, offset, lo, max_count, max_bytes, tags)
+            msgs: list[StoredMessage] = []
+            at = 0
+            for _ in range(n):
+                msgs.append(decode_record(raw, at))
+                at += msgs[-1].size
+            return GetResult(msgs, nxt, self._lowest(topic, queue_id, lo), hi)
         if offset > hi:
             raise OffsetBeyondMaxError(f"queue offset of {topic}/{queue_id}", offset, hi)
         wanted = None if not tags or "*" in tags else {tag_code(t) for t in tags}
@@ -167,7 +213,8 @@ class StoreReader:
         readable = self._dispatcher.offset
         lo, hi = cq.min_offset, self._visible_max(cq, readable)
         if offset < lo:
-            raise OffsetBelowMinError(f"queue offset of {topic}/{queue_id}", offset, lo)
+            raw, n, nxt = self._archived(topic, queue_id, offset, lo, max_count, max_bytes, tags)
+            return RecordsResult(raw, n, nxt, self._lowest(topic, queue_id, lo), hi)
         if offset > hi:
             raise OffsetBeyondMaxError(f"queue offset of {topic}/{queue_id}", offset, hi)
         codes = None if not tags or "*" in tags else {tag_code(t) for t in tags}
@@ -251,6 +298,11 @@ class StoreReader:
         return out
 
     def look_message(self, phy_offset: int) -> StoredMessage:
+        if self._archive is not None and phy_offset < self._commitlog.min_offset:
+            try:
+                return self._archive.record(phy_offset)
+            except ArchiveCorruptError as e:
+                raise MessageNotFoundError(str(e)) from e
         if phy_offset >= self._dispatcher.offset:
             raise MessageNotFoundError(f"no whole record at CommitLog offset {phy_offset}")
         return self._commitlog.read(phy_offset, None, self._dispatcher.offset)
@@ -300,6 +352,13 @@ class StoreReader:
         cq = self._queues.get(topic, queue_id)
         if cq is None:
             return 0
+        if self._archive is not None and cq.min_offset < cq.max_offset:
+            first = cq.get(cq.min_offset)
+            if first is not None and self._commitlog.store_timestamp(first[0]) > timestamp_ms:
+                # Older than everything local: the archive may hold it.
+                got = self._archive.offset_by_time(topic, queue_id, timestamp_ms)
+                if got is not None:
+                    return got
         return cq.offset_by_time(
             timestamp_ms, lambda phy, _size: self._commitlog.store_timestamp(phy)
         )

@@ -11,6 +11,10 @@ says which of the oldest CommitLog files go. Three floors hold files back, all C
   pass (the disk filling before files expire) looks at it. Expired files go whatever consumers
   did (RocketMQ's rule); an unexpired file a group has not read goes only under
   ``force_delete_unconsumed``, otherwise it is kept and the disk fills until writes are refused;
+- the **archive floor**, the end of the oldest files that all have an archive manifest entry,
+  when the store archives: no pass, expired or forced, deletes a file that is not archived yet
+  (or recorded as not wanted by any topic's policy), so an archive that cannot be reached stops
+  deletion and loses nothing;
 - the **pinned floor**, the lowest offset of state the broker still has pending in the log (a
   delayed message not yet delivered, an open transaction's half): no pass, expired or forced,
   deletes it, whatever its age, because that state exists nowhere else.
@@ -61,6 +65,7 @@ class Held(enum.Enum):
     UNREPLICATED = "unreplicated"  # an in-sync slave has not acknowledged all of it
     UNCONSUMED = "unconsumed"  # forced, not expired, and a consumer group has not read it all
     PINNED = "pinned"  # holds pending broker state (an undelivered timer, an open transaction)
+    UNARCHIVED = "unarchived"  # the store archives and this file is not archived yet
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +89,7 @@ def plan_deletions(
     consumer_floor: int | None = None,
     force_delete_unconsumed: bool = False,
     pinned_floor: int | None = None,
+    archive_floor: int | None = None,
 ) -> RetentionPlan:
     """Which of ``files`` (oldest first; the caller left out the newest and anything not
     dispatched) to delete. Only a prefix can go: the pass stops at the first file it keeps."""
@@ -93,7 +99,12 @@ def plan_deletions(
         if n >= batch_max:
             break
         expired = f.mtime_s + reserved_s <= now_s
-        for floor, why in ((replica_floor, Held.UNREPLICATED), (pinned_floor, Held.PINNED)):
+        floors = (
+            (replica_floor, Held.UNREPLICATED),
+            (pinned_floor, Held.PINNED),
+            (archive_floor, Held.UNARCHIVED),
+        )
+        for floor, why in floors:
             if floor is not None and f.end_offset > floor:
                 held = (f, why) if expired or force else None
                 return RetentionPlan(n, tuple(unconsumed), held)

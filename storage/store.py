@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from tidemq.storage.answers import BlockPutResult, PutResult, StoreStats, done_future
+from tidemq.storage.archive.archiver import Archiver
 from tidemq.storage.cleaner import Cleaner, QueuePosition, RetentionCounts
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.config import StoreConfig
@@ -64,7 +65,11 @@ class MessageStore:
         self.dispatcher = parts.dispatcher
         self.log = CommitLogReader(parts.commitlog)
         self._cleaner = Cleaner(parts, disk_usage_ratio, clock)
-        self._lifecycle = StoreLifecycle(parts, self._cleaner)
+        self.archiver: Archiver | None = None
+        if parts.archive is not None and config.archive is not None:
+            self.archiver = Archiver(parts, config.archive, parts.archive)
+            self._cleaner.archive_floor = self.archiver.floor
+        self._lifecycle = StoreLifecycle(parts, self._cleaner, self.archiver)
         self._reader = StoreReader(parts)
         self.recovery: RecoveryReport | None = None
         self.set_asides = 0  # times ``restart_empty_at`` moved the data aside
@@ -320,6 +325,27 @@ class MessageStore:
         self._cleaner.replica_floor = replicas
         self._cleaner.consumer_positions = consumers
         self._cleaner.pinned_positions = pinned
+
+    def set_archive_policy(
+        self,
+        *,
+        enabled: Callable[[], bool],
+        topic_policy: Callable[[str], str | None],
+        safe_offset: Callable[[], int | None],
+    ) -> None:
+        """How this store archives (docs/archive.md), when it has an archive: ``enabled`` says
+        whether it archives now (a master) or only follows the manifest (a slave);
+        ``topic_policy`` a topic's own retention policy, ``archive`` or ``delete`` (None: the
+        archive's default); ``safe_offset`` the CommitLog offset every in-sync slave holds
+        (None: none to wait for): nothing past it is archived, failover could cut it."""
+        if self.archiver is not None:
+            self.archiver.enabled = enabled
+            self.archiver.topic_policy = topic_policy
+            self.archiver.safe_offset = safe_offset
+
+    def run_archive(self) -> int:
+        """One archiving pass now (the archiver thread runs them every ``interval_ms``)."""
+        return self.archiver.run() if self.archiver is not None else 0
 
     @property
     def retention_counts(self) -> RetentionCounts:
