@@ -153,6 +153,9 @@ class StoreLifecycle:
             threading.Thread(target=self._housekeeping_loop, name="housekeeping", daemon=True),
         ]
         if self._archiver is not None:
+            # Reads past retention work from the start; an unreachable archive is logged and
+            # read again at each pass.
+            self._archiver.read_manifest()
             self.threads.append(
                 threading.Thread(target=self._archive_loop, name="archiver", daemon=True)
             )
@@ -336,9 +339,7 @@ class StoreLifecycle:
         archiver = self._archiver
         assert archiver is not None
         period_s = archiver.config.interval_ms / 1000
-        wait_s = 0.0  # the first pass reads the manifest at once
-        while not self.stop_event.wait(wait_s):
-            wait_s = period_s
+        while not self.stop_event.wait(period_s):
             try:
                 archiver.run()
             except Exception:  # logged; the next pass tries again

@@ -97,13 +97,20 @@ class Archiver:
         self.counts.pending_files = len(todo)
         return todo
 
-    def _run(self) -> int:
+    def read_manifest(self) -> bool:
+        """Read the manifest's new entries; False (logged, counted) when the archive cannot be
+        read."""
         try:
             self.reader.refresh()
-            self._refreshed = True
         except ArchiveError as e:
             self._sealed_unarchived()
             self._failed(e)
+            return False
+        self._refreshed = True
+        return True
+
+    def _run(self) -> int:
+        if not self.read_manifest():
             return 0
         p = self._parts
         todo = self._sealed_unarchived()
