@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from tidemq.protos import broker_pb2, common_pb2
 from tidemq.protos.errors import error_metadata
 from tidemq.storage import errors as store_errors
+from tidemq.storage.archive.format import ArchiveCorruptError, ArchiveUnavailableError
 from tidemq.storage.record.block import CorruptBlockError
 
 E = common_pb2
@@ -164,6 +165,9 @@ _STORE: list[tuple[type[store_errors.StoreError], Wire]] = [
     ),
     (store_errors.StoreClosedError, Wire(grpc.StatusCode.UNAVAILABLE, E.SHUTTING_DOWN, True)),
     (store_errors.CorruptRecordError, Wire(grpc.StatusCode.DATA_LOSS, E.CORRUPT_RECORD, False)),
+    # An archived object that fails its checksum is never served (docs/archive.md).
+    (ArchiveCorruptError, Wire(grpc.StatusCode.DATA_LOSS, E.CORRUPT_RECORD, False)),
+    (ArchiveUnavailableError, Wire(grpc.StatusCode.UNAVAILABLE, E.ARCHIVE_UNAVAILABLE, True)),
     (store_errors.CorruptStoreError, Wire(grpc.StatusCode.DATA_LOSS, E.CORRUPT_RECORD, False)),
     (
         store_errors.OffsetBelowMinError,

@@ -44,7 +44,8 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
+    # moto takes about a second to import: only tests that use S3 pay for it.
+    from moto.server import ThreadedMotoServer  # noqa: PLC0415
 
     for k, v in S3_ENV.items():
         os.environ.setdefault(k, v)
@@ -60,7 +61,7 @@ def s3_endpoint() -> Iterator[str]:
 @pytest.fixture
 def s3_archive(s3_endpoint: str) -> S3Archive:
     """A new bucket for one test."""
-    import boto3
+    import boto3  # noqa: PLC0415
 
     bucket = f"archive-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(

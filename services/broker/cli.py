@@ -119,6 +119,58 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         metavar="N",
         help="ZooKeeper session timeout: how long a killed broker stays routed (default 10000)",
     )
+    archive = p.add_argument_group(
+        "archive (docs/archive.md)",
+        "archive sealed CommitLog files before retention deletes them; reads past local "
+        "retention come from the archive ([archive] table in --config)",
+    )
+    archive.add_argument(
+        "--archive-uri",
+        dest="archive.uri",
+        metavar="URI",
+        help="a directory (path or file:///PATH) or s3://BUCKET/PREFIX",
+    )
+    archive.add_argument(
+        "--archive-default-policy",
+        dest="archive.default_policy",
+        choices=("archive", "delete"),
+        help="retention policy of topics without a retention.policy attribute (default archive)",
+    )
+    archive.add_argument(
+        "--archive-compression",
+        dest="archive.compression",
+        choices=("zstd", "none"),
+        help="how archived chunks are stored (default zstd)",
+    )
+    archive.add_argument(
+        "--archive-s3-endpoint",
+        dest="archive.s3_endpoint_url",
+        metavar="URL",
+        help="an S3-compatible endpoint other than AWS (default AWS_ENDPOINT_URL or AWS); "
+        "credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or "
+        "AWS_SHARED_CREDENTIALS_FILE",
+    )
+    archive.add_argument(
+        "--archive-cache-bytes",
+        dest="archive.cache_bytes",
+        type=int,
+        metavar="N",
+        help="decompressed archived chunks kept for reads past retention (default 256 MiB)",
+    )
+    archive.add_argument(
+        "--archive-interval-ms",
+        dest="archive.interval_ms",
+        type=int,
+        metavar="N",
+        help="how often the master archives newly sealed files (default 5000)",
+    )
+    archive.add_argument(
+        "--archive-chunk-bytes",
+        dest="archive.chunk_bytes",
+        type=int,
+        metavar="N",
+        help="archived files are cut into chunks about this size (default 8 MiB)",
+    )
     p.add_argument(
         "--ha-chunk-bytes",
         dest="replication.chunk_bytes",
@@ -374,6 +426,9 @@ def run(args: argparse.Namespace) -> int:
         k.removeprefix("replication."): v
         for k, v in vars(args).items()
         if k.startswith("replication.")
+    }
+    overrides["archive"] = {
+        k.removeprefix("archive."): v for k, v in vars(args).items() if k.startswith("archive.")
     }
     if args.store_overrides:
         overrides["store_overrides"] = json.loads(args.store_overrides)

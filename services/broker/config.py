@@ -19,6 +19,7 @@ from tidemq.replication import ReplicationConfig
 from tidemq.services.auth import acl
 from tidemq.services.nameserver import zk_format
 from tidemq.storage import state_file
+from tidemq.storage.archive.config import ArchiveConfig
 from tidemq.storage.config import FlushMode
 from tidemq.storage.errors import ConfigError
 
@@ -165,6 +166,10 @@ class BrokerConfig:
     # ago are dropped, and messages in/out per topic per day are kept for daily_stats_days days.
     deleted_topic_offsets_grace_ms: int = 3_600_000
     daily_stats_days: int = 30
+    # Archive instead of only delete (docs/archive.md): an [archive] table (uri, default_policy,
+    # compression, ...; ``storage.archive.config``); a topic's own policy is its
+    # ``retention.policy`` attribute. None: retention deletes, as RocketMQ does.
+    archive: ArchiveConfig | None = None
     # Store layout overrides (tests use tiny files); None keeps the store's defaults.
     store_overrides: dict[str, Any] = field(default_factory=dict)
 
@@ -401,7 +406,7 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
         raise ConfigError(f"{source}: 'replication' must be a table ([replication])")
     replication = dict(replication)
     replication.update({k: v for k, v in overrides.pop("replication", {}).items() if v is not None})
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    values.update({k: v for k, v in overrides.items() if v is not None and k != "archive"})
     unknown = sorted(set(values) - _field_names(BrokerConfig))
     unknown += sorted(
         f"replication.{k}" for k in set(replication) - _field_names(ReplicationConfig)
@@ -414,6 +419,19 @@ def load(path: str | None, overrides: dict[str, Any]) -> BrokerConfig:
     if isinstance(values.get("nameservers"), str):
         values["nameservers"] = tuple(n for n in values["nameservers"].split(",") if n)
     values["replication"] = replication
+    archive = values.pop("archive", None) or {}
+    if not isinstance(archive, dict):
+        raise ConfigError(f"{source}: 'archive' must be a table ([archive])")
+    archive = dict(archive)
+    archive.update({k: v for k, v in overrides.get("archive", {}).items() if v is not None})
+    values.pop("archive", None)
+    unknown_archive = sorted(set(archive) - _field_names(ArchiveConfig))
+    if unknown_archive:
+        raise ConfigError(
+            f"{source}: unknown keys: {', '.join('archive.' + k for k in unknown_archive)}"
+        )
+    if archive:
+        values["archive"] = archive
     try:
         return state_file.from_json(BrokerConfig, values)
     except state_file.ShapeError as e:

@@ -28,6 +28,7 @@ from tidemq.services.broker.clients import ClientRegistry
 from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.failover import FailoverAgent
 from tidemq.services.broker.groups import SubscriptionGroupManager
+from tidemq.services.broker.metrics_archive import ArchiveCollector
 from tidemq.services.broker.metrics_failover import FailoverCollector
 from tidemq.services.broker.metrics_state import RetentionCollector, StateCollector
 from tidemq.services.broker.offsets import OffsetManager
@@ -163,6 +164,7 @@ class BrokerMetrics:
             StateCollector(config, store, topics, clients, offsets, groups, replication_status)
         )
         r.register(RetentionCollector(store))
+        r.register(ArchiveCollector(store))
         r.register(FailoverCollector(role, failover))
         # The standard process_* series (CPU, memory, open files), as every exporter has them.
         ProcessCollector(registry=r)

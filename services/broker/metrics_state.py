@@ -143,8 +143,9 @@ class RetentionCollector:
                 "tidemq_retention_files_kept",
                 "CommitLog files retention wanted to delete and kept, each counted once: "
                 "unreplicated (an in-sync slave has not acknowledged it), unconsumed (a forced "
-                "pass, and a consumer group has not read it) or pinned (it holds an undelivered "
-                "delayed message or an open transaction)",
+                "pass, and a consumer group has not read it), pinned (it holds an undelivered "
+                "delayed message or an open transaction) or unarchived (the broker archives and "
+                "it is not archived yet)",
                 labels=("reason",),
             ),
             CounterMetricFamily(

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from tidemq.replication.master_link import ReplicationServicer
 from tidemq.replication.retention_floor import replica_floor
 from tidemq.services.broker.offsets import OffsetManager
+from tidemq.services.broker.topics import RETENTION_POLICY_ATTRIBUTE, TopicManager
 from tidemq.storage import MessageStore
 from tidemq.storage.cleaner import QueuePosition
 
@@ -44,3 +45,27 @@ def wire_retention_floors(
         return [p for p in (pin() for pin in pinned) if p is not None]
 
     store.set_retention_floors(replicas=replicas, consumers=consumers, pinned=pins)
+
+
+def wire_archive(
+    store: MessageStore,
+    replication: Callable[[], ReplicationServicer | None],
+    is_master: Callable[[], bool],
+    topics: TopicManager,
+) -> None:
+    """Only a master archives (a slave follows the manifest its master writes), and only what
+    every in-sync slave holds: a failover truncates a deposed master's unreplicated tail, which
+    must not be in the archive. A topic's ``retention.policy`` attribute overrides the
+    archive's default policy."""
+
+    def safe_offset() -> int | None:
+        master = replication()
+        if master is None or not master.active:
+            return None
+        return replica_floor(master.tracker, store.log.max_offset, master.confirmed_offset)
+
+    def topic_policy(topic: str) -> str | None:
+        t = topics.get(topic)
+        return t.attributes.get(RETENTION_POLICY_ATTRIBUTE) if t is not None else None
+
+    store.set_archive_policy(enabled=is_master, topic_policy=topic_policy, safe_offset=safe_offset)

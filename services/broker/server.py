@@ -46,7 +46,7 @@ from tidemq.services.broker.replication import (
     report_lag,
     status_proto,
 )
-from tidemq.services.broker.retention import wire_retention_floors
+from tidemq.services.broker.retention import wire_archive, wire_retention_floors
 from tidemq.services.broker.rocketmq.server import RocketMQListener
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.runtime_config import RuntimeConfig
@@ -75,6 +75,7 @@ class Broker:
                 config.store_dir,
                 flush_mode=config.flush,
                 store_host=config.store_host(),
+                archive=config.archive,
                 **config.store_overrides,
             )
         )
@@ -98,6 +99,10 @@ class Broker:
             receive_log=self.logged.journal.retention_position,
             pinned=self.logged.pinned(),
         )
+        if config.archive is not None:
+            wire_archive(
+                self.store, lambda: self.replication, lambda: self.role.is_master, self.topics
+            )
         if config.automatic:
             # A damaged epoch file refuses start-up here, before the store opens (StateFileError).
             EpochFile(config.store_dir)

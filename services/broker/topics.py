@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 
 from tidemq.protos import common_pb2
 from tidemq.storage import state_file
+from tidemq.storage.archive.config import POLICIES
 from tidemq.storage.atomic_file import write_json_atomic
 from tidemq.storage.clock import now_ms
 from tidemq.storage.errors import StoreError
@@ -26,6 +27,8 @@ MAX_QUEUES = 1024
 # this route, so a producer asking for a topic no nameserver knows yet learns which brokers would
 # accept it (and with how many queues) instead of failing with ROUTE_NOT_FOUND.
 AUTO_CREATE_TOPIC = "TBW102"
+# A topic's own retention policy (docs/archive.md), overriding the archive's default.
+RETENTION_POLICY_ATTRIBUTE = "retention.policy"
 
 
 @dataclass
@@ -45,6 +48,11 @@ class TopicConfig:
                 raise ValueError(f"{name} must be 1..{MAX_QUEUES}, got {n}")
         if self.perm & ~(PERM_RW | common_pb2.PERM_INHERIT) or self.perm < 0:
             raise ValueError(f"perm {self.perm} is not a combination of 4 (read), 2 (write), 1")
+        policy = self.attributes.get(RETENTION_POLICY_ATTRIBUTE)
+        if policy is not None and policy not in POLICIES:
+            raise ValueError(
+                f"attribute {RETENTION_POLICY_ATTRIBUTE} must be one of {POLICIES}, got {policy!r}"
+            )
 
 
 @dataclass

@@ -64,6 +64,11 @@ class Archiver:
         self._refreshed = False
         self._run_lock = threading.Lock()  # the archiver thread and ``run_archive`` calls
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the last pass reached the archive."""
+        return not self._failing
+
     def wants(self, topic: str) -> bool:
         return (self.topic_policy(topic) or self.config.default_policy) == "archive"
 
@@ -107,6 +112,9 @@ class Archiver:
             self._failed(e)
             return False
         self._refreshed = True
+        if self._failing and not self.enabled():
+            self._failing = False  # a slave only reads: reading works again
+            log.warning("archive %s works again", self.reader.backend.uri)
         return True
 
     def _run(self) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.s3_server import S3Archive, s3_archive, s3_endpoint  # noqa: F401 - fixtures
+from tests.s3_server import S3Archive
 from tests.store.conftest import tiny_config
 from tests.store.test_retention import age_files
 from tidemq.storage import Message, MessageStore
@@ -118,7 +118,8 @@ def test_tag_filters_apply_to_archived_reads(tmp_path: Path) -> None:
         s.run_archive()
         age_files(tmp_path / "s", 73 * HOUR)
         assert s.run_retention() > 0
-        msgs, q = [], 0
+        msgs: list[Any] = []
+        q = 0
         while len(msgs) < 10:  # an archived read ends at its file's end
             got = s.get_messages("t", 0, q, max_count=10 - len(msgs), tags=["odd"])
             msgs, q = msgs + got.messages, got.next_offset

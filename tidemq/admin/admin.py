@@ -183,9 +183,12 @@ class AsyncAdmin(
         order: bool = False,
         cluster: str | None = None,
         wait: bool = True,
+        attributes: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Creates (or updates) the topic on every master of ``cluster`` (default: all);
-        returns the broker names. With ``wait``, returns once the nameservers route it."""
+        returns the broker names. With ``wait``, returns once the nameservers route it.
+        ``attributes``: the topic's attributes, such as ``retention.policy`` (``archive`` or
+        ``delete``, docs/archive.md)."""
         if perm not in PERMS:
             raise InvalidArgumentError(
                 f"perm must be one of {sorted(PERMS)}", code="INVALID_ARGUMENT"
@@ -200,6 +203,7 @@ class AsyncAdmin(
             write_queue_nums=write_queues or queues,
             perm=PERMS[perm],
             order=order,
+            attributes=dict(attributes or {}),
         )
         request = broker_pb2.CreateTopicRequest(topic=config)
         await asyncio.gather(*(self._call(a, "CreateTopic", request) for a in masters.values()))

@@ -18,9 +18,22 @@ def cmd_topic_create(args: argparse.Namespace) -> int:
             perm=args.perm,
             order=args.order,
             cluster=args.cluster,
+            attributes=_attributes(args),
         )
     print(f"topic {args.topic} ready on {', '.join(brokers)}")
     return 0
+
+
+def _attributes(args: argparse.Namespace) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in args.attribute or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--attribute {item!r}: expected KEY=VALUE")
+        out[key] = value
+    if args.retention_policy:
+        out["retention.policy"] = args.retention_policy
+    return out
 
 
 def cmd_topic_list(args: argparse.Namespace) -> int:
@@ -96,6 +109,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     c.add_argument("--write-queues", type=int)
     c.add_argument("--perm", choices=["rw", "r", "w"], default="rw")
     c.add_argument("--order", action="store_true", help="mark the topic as ordered")
+    c.add_argument(
+        "--retention-policy",
+        choices=["archive", "delete"],
+        help="archive this topic's expired messages or delete them (brokers with an archive; "
+        "default: the archive's default policy; docs/archive.md)",
+    )
+    c.add_argument(
+        "--attribute",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a topic attribute (repeatable)",
+    )
     c.add_argument("--cluster", help="only the masters of this cluster")
     c.set_defaults(func=cmd_topic_create)
     ls = tsub.add_parser("list", help="topics on the masters")

@@ -48,6 +48,8 @@ _CODES: dict[int, int] = {
     E.SEQUENCE_GAP: C.BAD_REQUEST,
     E.PRODUCER_FENCED: C.BAD_REQUEST,
     E.CORRUPT_RECORD: C.INTERNAL_ERROR,
+    # Official clients retry a read that failed this way.
+    E.ARCHIVE_UNAVAILABLE: C.PROXY_TIMEOUT,
     E.INTERNAL: C.INTERNAL_ERROR,
 }
 
