@@ -53,8 +53,22 @@ def gate(s3_archive: S3Archive) -> Iterator[S3Gate]:
     g.close()
 
 
+def topic_request(topic: str, attributes: dict[str, str]) -> broker_pb2.CreateTopicRequest:
+    return broker_pb2.CreateTopicRequest(
+        topic=common_pb2.TopicConfig(
+            topic=topic, read_queue_nums=QUEUES, write_queue_nums=QUEUES, perm=6,
+            attributes=attributes,
+        )
+    )  # fmt: skip
+
+
 def start_archiving(
-    start_broker: StartBroker, ns: NameServerProcess, s3: S3Archive, gate: S3Gate, metrics: str
+    start_broker: StartBroker,
+    ns: NameServerProcess,
+    s3: S3Archive,
+    gate: S3Gate,
+    metrics: str,
+    *flags: str,
 ) -> BrokerProcess:
     return replicas.start(
         start_broker,
@@ -70,6 +84,7 @@ def start_archiving(
         "8192",
         "--metrics-listen",
         metrics,
+        *flags,
         overrides=json.dumps(BY_AGE),
     )
 
@@ -96,10 +111,10 @@ def body(prefix: str, i: int) -> bytes:
     return f"{prefix}-{i}-".encode().ljust(1000, b".")  # about 60 messages per file
 
 
-def send(b: BrokerProcess, prefix: str, count: int) -> None:
+def send(b: BrokerProcess, prefix: str, count: int, topic: str = "orders") -> None:
     for start_at in range(0, count, 100):
         msgs = [
-            common_pb2.Message(topic="orders", body=body(prefix, i), queue_id=i % QUEUES)
+            common_pb2.Message(topic=topic, body=body(prefix, i), queue_id=i % QUEUES)
             for i in range(start_at, min(count, start_at + 100))
         ]
         r = b.stub().SendMessage(broker_pb2.SendMessageRequest(messages=msgs), timeout=30)
@@ -227,3 +242,58 @@ def test_a_corrupted_archived_object_is_refused_never_served(
         timeout=30,
     )
     assert [m.body for m in local.messages] == [sent_bodies("c", 400)[0][99]]
+
+
+def test_a_topics_retention_policy_decides_what_is_archived(
+    nameserver: NameServerProcess, start_broker: StartBroker, s3_archive: S3Archive, gate: S3Gate
+) -> None:
+    metrics = f"127.0.0.1:{free_port()}"
+    master = start_archiving(
+        start_broker, nameserver, s3_archive, gate, metrics, "--archive-default-policy", "delete"
+    )
+    stub = master.stub()
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CreateTopic(topic_request("bad", {"retention.policy": "forever"}), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "retention.policy" in (e.value.details() or "")
+    stub.CreateTopic(topic_request("orders", {"retention.policy": "archive"}), timeout=10)
+    stub.CreateTopic(topic_request("scratch", {}), timeout=10)
+    send(master, "s", 400, topic="scratch")  # files of scratch only: recorded, not uploaded
+    send(master, "k", 100)
+    send(master, "s", 400, topic="scratch")
+    wait_until(lambda: min_offset(master) > 10 * 64 * 1024, 60, "retention past 10 files")
+    assert counter(metrics, "tidemq_archive_files_total", outcome="skipped") >= 5
+    assert counter(metrics, "tidemq_archive_files_total", outcome="archived") >= 1
+    got = [[b for _q, _id, b in pull_all(master, q)] for q in range(QUEUES)]
+    assert got == sent_bodies("k", 100)  # all of it, from the archive
+
+
+def test_a_slave_follows_its_masters_manifest_and_reads_the_archive(
+    nameserver: NameServerProcess, start_broker: StartBroker, s3_archive: S3Archive, gate: S3Gate
+) -> None:
+    master_metrics, slave_metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    master = start_archiving(start_broker, nameserver, s3_archive, gate, master_metrics)
+    create_topic(master)
+    slave = replicas.start(
+        start_broker,
+        nameserver,
+        "slave",
+        *replicas.SLAVE_FLAGS,
+        "--archive-uri",
+        s3_archive.uri,
+        "--archive-s3-endpoint",
+        gate.endpoint_url,
+        "--archive-interval-ms",
+        "200",
+        "--metrics-listen",
+        slave_metrics,
+        overrides=json.dumps(BY_AGE),
+    )
+    wait_until(lambda: "orders" in replicas.topic_names(slave), 30, "the slave to learn 'orders'")
+    send(master, "r", 600)
+    wait_until(lambda: min_offset(slave) > 5 * 64 * 1024, 60, "the slave's retention")
+    # Only the master uploads; the slave deleted what the master's manifest lists.
+    assert counter(slave_metrics, "tidemq_archive_files_total", outcome="archived") == 0
+    assert counter(master_metrics, "tidemq_archive_files_total", outcome="archived") >= 5
+    got = [[b for _q, _id, b in pull_all(slave, q)] for q in range(QUEUES)]
+    assert got == sent_bodies("r", 600)

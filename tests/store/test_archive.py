@@ -15,10 +15,12 @@ from tests.s3_server import S3Archive
 from tests.store.conftest import tiny_config
 from tests.store.test_retention import age_files
 from tidemq.storage import Message, MessageStore
-from tidemq.storage.archive.backends import DirectoryBackend
+from tidemq.storage.archive.backends import DirectoryBackend, open_backend
 from tidemq.storage.archive.config import ArchiveConfig
 from tidemq.storage.archive.format import (
     ArchiveCorruptError,
+    ArchiveError,
+    ArchiveUnavailableError,
     Codec,
     chunk_key,
     entry_key,
@@ -258,3 +260,23 @@ def test_an_s3_archive_serves_reads_past_retention(tmp_path: Path, s3_archive: S
         assert [(m.msg_id, m.body) for m in after] == [(m.msg_id, m.body) for m in before]
         assert s.archiver is not None
         assert s.archiver.reader.backend.uri == s3_archive.uri + "/"
+
+
+def test_a_directory_archive_writes_whole_objects_and_refuses_bad_keys(tmp_path: Path) -> None:
+    b = DirectoryBackend(str(tmp_path / "a"))
+    with pytest.raises(ArchiveUnavailableError, match="directory missing"):
+        list(b.list("manifest/"))  # an unmounted volume is not an empty archive
+    (tmp_path / "a").mkdir()
+    b.put("segments/x/chunk-000001", b"one")
+    b.put("segments/x/chunk-000000", b"zero")
+    b.put("segments/x/chunk-000000", b"zero, again")  # replaced whole
+    assert b.get("segments/x/chunk-000000") == b"zero, again"
+    assert b.get_range("segments/x/chunk-000000", 6, 11) == b"again"
+    assert b.get("segments/x/missing") is None and b.md5("segments/x/missing") is None
+    assert list(b.list("segments/")) == ["segments/x/chunk-000000", "segments/x/chunk-000001"]
+    assert not [p for p in (tmp_path / "a" / "segments" / "x").iterdir() if p.name[0] == "."]
+    for bad in ("../escape", "a//b", "", "./x"):
+        with pytest.raises(ArchiveError, match="bad archive key"):
+            b.put(bad, b"")
+    with pytest.raises(ArchiveError, match="s3://BUCKET"):
+        open_backend("ftp://host/path")

@@ -152,3 +152,33 @@ def test_pinned_floor_keeps_pending_state_from_aged_and_forced_passes(
     )
     assert plan.delete == deleted
     assert (None if plan.held is None else (plan.held[0].base_offset, plan.held[1])) == held
+
+
+@pytest.mark.parametrize(
+    ("force", "archived_to", "deleted", "held"),
+    [
+        # Nothing archived yet: the expired files stay, blamed on the archive.
+        (False, 0, 0, (0, Held.UNARCHIVED)),
+        # The first file archived: it goes, the second waits for its upload.
+        (False, 100, 1, (100, Held.UNARCHIVED)),
+        # Even a forced pass (a full disk) deletes nothing that is not archived.
+        (True, 200, 2, (200, Held.UNARCHIVED)),
+        (True, 400, 4, None),
+        # Archived but not expired and not forced: the pass stops on its own.
+        (False, 400, 2, None),
+    ],
+)
+def test_archive_floor_keeps_what_is_not_archived_from_aged_and_forced_passes(
+    force: bool, archived_to: int, deleted: int, held: tuple[int, Held] | None
+) -> None:
+    plan = plan_deletions(
+        FILES,
+        NOW,
+        KEEP,
+        force=force,
+        batch_max=10,
+        force_delete_unconsumed=True,
+        archive_floor=archived_to,
+    )
+    assert plan.delete == deleted
+    assert (None if plan.held is None else (plan.held[0].base_offset, plan.held[1])) == held
