@@ -41,6 +41,7 @@ from tidemq.storage.results import PutStatus
 from tidemq.storage.warm import PageWarmer
 
 log = logging.getLogger(__name__)
+ARCHIVE_STOP_WAIT_S = 2.0
 
 DISPATCH_SLICE_RECORDS = 1024
 # A put dispatches its own records, in the appending thread, when dispatch has no more than
@@ -56,11 +57,14 @@ class StoreLifecycle:
         self, parts: StoreParts, cleaner: Cleaner, archiver: Archiver | None = None
     ) -> None:
         self._archiver = archiver
+        self.archive_thread: threading.Thread | None = None
         self._parts = parts
         self._cleaner = cleaner
         self.lock = StoreLock(parts.root)
         self._dispatch_cond = threading.Condition()
         self.stop_event = threading.Event()
+        if archiver is not None:
+            archiver.stopping = self.stop_event.is_set
         self.threads: list[threading.Thread] = []
         self.flusher: FlushService | None = None
         self.warmer: PageWarmer | None = None
@@ -152,15 +156,14 @@ class StoreLifecycle:
             threading.Thread(target=self._dispatch_loop, name="dispatch", daemon=True),
             threading.Thread(target=self._housekeeping_loop, name="housekeeping", daemon=True),
         ]
-        if self._archiver is not None:
-            # Reads past retention work from the start; an unreachable archive is logged and
-            # read again at each pass.
-            self._archiver.read_manifest()
-            self.threads.append(
-                threading.Thread(target=self._archive_loop, name="archiver", daemon=True)
-            )
         for t in self.threads:
             t.start()
+        if self._archiver is not None:
+            # Not among ``threads``: close does not wait for an upload (it resumes next time).
+            self.archive_thread = threading.Thread(
+                target=self._archive_loop, name="archiver", daemon=True
+            )
+            self.archive_thread.start()
 
     def close(self) -> None:
         """Graceful stop: flush and dispatch everything, checkpoint, remove the abort file."""
@@ -174,6 +177,10 @@ class StoreLifecycle:
         self.wake_dispatch()
         for t in self.threads:
             t.join()
+        if self.archive_thread is not None:
+            # An upload in progress goes on reading its own mapping; it is resumed at the next
+            # start if the process ends first. A pass between uploads notices the stop at once.
+            self.archive_thread.join(ARCHIVE_STOP_WAIT_S)
         clean = False
         if p.fatal is None:
             try:
@@ -339,6 +346,12 @@ class StoreLifecycle:
         archiver = self._archiver
         assert archiver is not None
         period_s = archiver.config.interval_ms / 1000
+        # First the manifest alone, at once: reads past retention wait for it (a retriable
+        # ARCHIVE_UNAVAILABLE meanwhile), and an archive slow to answer must not hold up opening.
+        try:
+            archiver.read_manifest()
+        except Exception:  # logged; the next pass reads it again
+            log.exception("reading the archive's manifest failed; read again in %.1f s", period_s)
         while not self.stop_event.wait(period_s):
             try:
                 archiver.run()

@@ -11,6 +11,7 @@ comes from there (its CommitLog files have its master's base offsets, byte for b
 from __future__ import annotations
 
 import logging
+import mmap
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,8 @@ class Archiver:
         self.topic_policy: Callable[[str], str | None] = lambda _topic: None
         self.safe_offset: Callable[[], int | None] = lambda: None
         self.counts = ArchiveCounts()
+        # The store sets it: a pass stops between files once the store is closing.
+        self.stopping: Callable[[], bool] = lambda: False
         self._failing = False
         self._refreshed = False
         self._run_lock = threading.Lock()  # the archiver thread and ``run_archive`` calls
@@ -126,21 +129,28 @@ class Archiver:
             return 0
         done = 0
         for f in todo:
+            if self.stopping():
+                return done
             started = time.monotonic()
             try:
-                data = bytes(f.mm[: f.size])
-            except ValueError:
-                return done  # the file was unmapped meanwhile (retention, a truncation)
+                # A mapping of its own, read-only: nothing is copied, and retention or a
+                # truncation unmapping the store's mapping meanwhile does not pull the pages
+                # from under the upload (the file lives on until this mapping closes).
+                with open(f.path, "rb") as fh:
+                    mm = mmap.mmap(fh.fileno(), f.size, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                return done  # the file is gone (retention, a truncation): next pass
             try:
-                entry, sent = archive_segment(
-                    self.reader.backend,
-                    data,
-                    f.base_offset,
-                    record_crc=p.commitlog.record_crc,
-                    codec=self._codec,
-                    chunk_bytes=self.config.chunk_bytes,
-                    wants=self.wants,
-                )
+                with mm, memoryview(mm) as data:
+                    entry, sent = archive_segment(
+                        self.reader.backend,
+                        data,
+                        f.base_offset,
+                        record_crc=p.commitlog.record_crc,
+                        codec=self._codec,
+                        chunk_bytes=self.config.chunk_bytes,
+                        wants=self.wants,
+                    )
             except ArchiveError as e:
                 self._failed(e)
                 return done
