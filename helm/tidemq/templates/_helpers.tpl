@@ -387,6 +387,29 @@ storageClassName: {{ .storageClass | quote }}
 {{- end }}
 {{- end -}}
 
+{{/* The archive (docs/archive.md). Every broker group has its own, `<archive>/<group>`: its master
+writes it and its slaves read its manifest. The base is archive.uri, or the mounted volume. */}}
+{{- define "tidemq.archiveBase" -}}
+{{- $a := .Values.archive -}}
+{{- trimSuffix "/" (default $a.volume.mountPath $a.uri) -}}
+{{- end -}}
+
+{{- define "tidemq.archiveIsS3" -}}
+{{- if hasPrefix "s3://" (include "tidemq.archiveBase" .) }}true{{ end -}}
+{{- end -}}
+
+{{/* A group's archive URI (--archive-uri). Args: root, group. */}}
+{{- define "tidemq.archiveUri" -}}
+{{- printf "%s/%s" (include "tidemq.archiveBase" .root) .group -}}
+{{- end -}}
+
+{{/* A group's archive directory, for a directory archive (empty for S3). Args: root, group. */}}
+{{- define "tidemq.archiveDir" -}}
+{{- if not (include "tidemq.archiveIsS3" .root) -}}
+{{- trimPrefix "file://" (include "tidemq.archiveUri" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/*
 Validation: every rule adds its message; the render fails once with all of them.
 */}}
@@ -579,6 +602,41 @@ Validation: every rule adds its message; the render fails once with all of them.
 {{- range $what, $port := dict "externalAccess.service.ports.grpc" $s.ports.grpc "externalAccess.service.ports.rocketmq" $s.ports.rocketmq -}}
 {{- if or (not (regexMatch "^[0-9]+$" (toString $port))) (lt (int $port) 1) (gt (int $port) 65535) -}}
 {{- $m = append $m (printf "%s: must be a port number (1 to 65535), got %v" $what $port) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if $v.archive.enabled -}}
+{{- $a := $v.archive -}}
+{{- $claim := $a.volume.existingClaim -}}
+{{- $mount := trimSuffix "/" (toString $a.volume.mountPath) -}}
+{{- $uri := toString $a.uri -}}
+{{- if and $uri (not (regexMatch "^(s3://|file:///|/)" $uri)) -}}
+{{- $m = append $m (printf "archive.uri: must be s3://BUCKET/PREFIX, file:///PATH or an absolute path, got %s" $uri) -}}
+{{- else if and (not $uri) (not $claim) -}}
+{{- $m = append $m "archive.enabled: say where the archive is: archive.uri (s3://BUCKET/PREFIX) or archive.volume.existingClaim (a ReadWriteMany PersistentVolumeClaim every broker pod mounts at archive.volume.mountPath)" -}}
+{{- else if hasPrefix "s3://" $uri -}}
+{{- if not (regexMatch "^s3://[^/]+" $uri) -}}
+{{- $m = append $m (printf "archive.uri: %s names no bucket (s3://BUCKET/PREFIX)" $uri) -}}
+{{- end -}}
+{{- if and (not $a.s3.existingSecret) (not $a.s3.useInstanceRole) -}}
+{{- $m = append $m "archive.uri is an S3 bucket: give its credentials in archive.s3.existingSecret (keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), or set archive.s3.useInstanceRole=true for the pods' own identity (an IAM role for the ServiceAccount, an instance profile)" -}}
+{{- end -}}
+{{- if $claim -}}
+{{- $m = append $m "archive.volume.existingClaim: the archive is an S3 bucket (archive.uri); the volume would be unused: leave one of them empty" -}}
+{{- end -}}
+{{- else if not $claim -}}
+{{- $m = append $m (printf "archive.uri %s is a directory: mount one with archive.volume.existingClaim (a ReadWriteMany PersistentVolumeClaim every broker pod mounts at archive.volume.mountPath); the container's own file system is read-only" $uri) -}}
+{{- else -}}
+{{- $dir := trimPrefix "file://" $uri -}}
+{{- if and $dir (ne $dir $mount) (not (hasPrefix (printf "%s/" $mount) $dir)) -}}
+{{- $m = append $m (printf "archive.uri: the directory %s is not on the archive volume (archive.volume.mountPath %s)" $dir $mount) -}}
+{{- end -}}
+{{- end -}}
+{{- if $claim -}}
+{{- range $taken := list "/var/lib/tidemq/store" "/etc/tidemq" "/tmp" -}}
+{{- if or (eq $mount $taken) (hasPrefix (printf "%s/" $taken) $mount) (hasPrefix (printf "%s/" $mount) $taken) -}}
+{{- $m = append $m (printf "archive.volume.mountPath: %s overlaps %s, where the broker mounts another volume" $mount $taken) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
