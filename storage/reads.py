@@ -12,7 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from tidemq.storage.archive.format import ArchiveCorruptError, ArchiveUnavailableError
+from tidemq.storage.archive.format import (
+    ArchiveCorruptError,
+    ArchiveOwnedError,
+    ArchiveUnavailableError,
+)
 from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, ConsumeQueue, is_blank
 from tidemq.storage.errors import (
     CorruptRecordError,
@@ -97,6 +101,8 @@ class StoreReader:
         the archive (within the one archived file that holds ``offset``): their stored bytes
         back to back, how many, and the next offset. Raises ``OffsetBelowMinError`` for an
         offset neither local nor archived, with the first offset that is."""
+        if self._archive is not None and self._archive.refused:
+            raise ArchiveOwnedError(self._archive.refused)
         if self._archive is not None and not self._archive.loaded:
             raise ArchiveUnavailableError(
                 f"queue offset {offset} of {topic}/{queue_id} is below local retention and the "

@@ -332,16 +332,19 @@ class MessageStore:
         enabled: Callable[[], bool],
         topic_policy: Callable[[str], str | None],
         safe_offset: Callable[[], int | None],
+        owner: str = "",
     ) -> None:
         """How this store archives (docs/archive.md), when it has an archive: ``enabled`` says
         whether it archives now (a master) or only follows the manifest (a slave);
         ``topic_policy`` a topic's own retention policy, ``archive`` or ``delete`` (None: the
         archive's default); ``safe_offset`` the CommitLog offset every in-sync slave holds
-        (None: none to wait for): nothing past it is archived, failover could cut it."""
+        (None: none to wait for): nothing past it is archived, failover could cut it;
+        ``owner`` the broker group (an archive of another group is refused)."""
         if self.archiver is not None:
             self.archiver.enabled = enabled
             self.archiver.topic_policy = topic_policy
             self.archiver.safe_offset = safe_offset
+            self.archiver.claim(owner)
 
     def run_archive(self) -> int:
         """One archiving pass now (the archiver thread runs them every ``interval_ms``)."""

@@ -52,11 +52,13 @@ def wire_archive(
     replication: Callable[[], ReplicationServicer | None],
     is_master: Callable[[], bool],
     topics: TopicManager,
+    owner: str,
 ) -> None:
     """Only a master archives (a slave follows the manifest its master writes), and only what
     every in-sync slave holds: a failover truncates a deposed master's unreplicated tail, which
     must not be in the archive. A topic's ``retention.policy`` attribute overrides the
-    archive's default policy."""
+    archive's default policy. ``owner`` (CLUSTER/GROUP) claims the archive for this broker
+    group; another group's archive is refused."""
 
     def safe_offset() -> int | None:
         master = replication()
@@ -68,4 +70,6 @@ def wire_archive(
         t = topics.get(topic)
         return t.attributes.get(RETENTION_POLICY_ATTRIBUTE) if t is not None else None
 
-    store.set_archive_policy(enabled=is_master, topic_policy=topic_policy, safe_offset=safe_offset)
+    store.set_archive_policy(
+        enabled=is_master, topic_policy=topic_policy, safe_offset=safe_offset, owner=owner
+    )

@@ -101,7 +101,11 @@ class Broker:
         )
         if config.archive is not None:
             wire_archive(
-                self.store, lambda: self.replication, lambda: self.role.is_master, self.topics
+                self.store,
+                lambda: self.replication,
+                lambda: self.role.is_master,
+                self.topics,
+                f"{config.cluster}/{config.broker_name}",
             )
         if config.automatic:
             # A damaged epoch file refuses start-up here, before the store opens (StateFileError).

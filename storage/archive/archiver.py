@@ -10,6 +10,7 @@ comes from there (its CommitLog files have its master's base offsets, byte for b
 
 from __future__ import annotations
 
+import json
 import logging
 import mmap
 import threading
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 
 from tidemq.storage.archive.config import ArchiveConfig
 from tidemq.storage.archive.format import (
+    OWNER_KEY,
     ArchiveCorruptError,
     ArchiveError,
+    ArchiveOwnedError,
     ArchiveUnavailableError,
     Codec,
     segment_name,
@@ -61,6 +64,9 @@ class Archiver:
         self.topic_policy: Callable[[str], str | None] = lambda _topic: None
         self.safe_offset: Callable[[], int | None] = lambda: None
         self.counts = ArchiveCounts()
+        # The broker group this archive is for (``_check_owner``); empty: not checked.
+        self.owner = ""
+        self._owner_checked = False
         # The store sets it: a pass stops between files once the store is closing.
         self.stopping: Callable[[], bool] = lambda: False
         self._failing = False
@@ -79,7 +85,7 @@ class Archiver:
         """Retention may delete local CommitLog files that end at or below this offset: each of
         them, from the oldest on, has a manifest entry. Nothing until the manifest was read."""
         files = self._parts.commitlog.mfq.files
-        if not files or not self._refreshed:
+        if not files or not self._refreshed or (self.owner and not self._owner_checked):
             return self._parts.commitlog.min_offset
         floor = files[0].base_offset
         for f in files[:-1]:
@@ -109,6 +115,7 @@ class Archiver:
         """Read the manifest's new entries; False (logged, counted) when the archive cannot be
         read."""
         try:
+            self._check_owner()
             self.reader.refresh()
         except ArchiveError as e:
             self._sealed_unarchived()
@@ -119,6 +126,40 @@ class Archiver:
             self._failing = False  # a slave only reads: reading works again
             log.warning("archive %s works again", self.reader.backend.uri)
         return True
+
+    def claim(self, owner: str) -> None:
+        """Set the broker group this store archives for; the manifest counts for retention
+        only once the archive is known to be that group's."""
+        if owner != self.owner:
+            self.owner = owner
+            self._owner_checked = False
+            self._refreshed = False
+
+    def _check_owner(self) -> None:
+        """An archive holds one broker group's CommitLog: ``owner.json`` names the group, written
+        by the first master that archives. Another group's archive is refused (no archiving, no
+        reads, no deletion): its files have the same names and other bytes."""
+        if not self.owner or self._owner_checked:
+            return
+        raw = self.reader.backend.get(OWNER_KEY)
+        if raw is None:
+            if not self.enabled():
+                return  # a slave waits for its master to claim it
+            self.reader.backend.put(
+                OWNER_KEY, json.dumps({"format_version": 1, "owner": self.owner}).encode()
+            )
+        else:
+            try:
+                found = str(json.loads(raw)["owner"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ArchiveCorruptError(f"archive {OWNER_KEY} is unreadable: {e}") from e
+            if found != self.owner:
+                self.reader.refused = (
+                    f"archive {self.reader.backend.uri} belongs to broker group {found!r}, not "
+                    f"{self.owner!r}: give each broker group its own archive URI"
+                )
+                raise ArchiveOwnedError(self.reader.refused)
+        self._owner_checked = True
 
     def _run(self) -> int:
         if not self.read_manifest():
@@ -190,6 +231,8 @@ class Archiver:
                     e,
                 )
             self._failing = True
+        elif isinstance(e, ArchiveOwnedError):
+            log.error("%s", e)
         elif isinstance(e, ArchiveCorruptError):
             log.error("archive check failed, the file stays local and is tried again: %s", e)
         else:

@@ -218,9 +218,7 @@ def test_topics_with_policy_delete_are_not_uploaded(tmp_path: Path) -> None:
         assert "keep" in archived_topics
         age_files(tmp_path / "s", 73 * HOUR)
         assert s.run_retention() == n
-        assert [m.body[:6] for m in read_all(s, "keep", 0)] == [
-            b"m%05d" % i for i in range(5)
-        ]
+        assert [m.body[:6] for m in read_all(s, "keep", 0)] == [b"m%05d" % i for i in range(5)]
         with pytest.raises(OffsetBelowMinError):
             s.get_messages("scratch", 0, 0)
 
@@ -280,3 +278,27 @@ def test_a_directory_archive_writes_whole_objects_and_refuses_bad_keys(tmp_path:
             b.put(bad, b"")
     with pytest.raises(ArchiveError, match="s3://BUCKET"):
         open_backend("ftp://host/path")
+
+
+def test_another_broker_groups_archive_is_refused(tmp_path: Path) -> None:
+    with archived_store(tmp_path / "a-store", tmp_path / "a") as first:
+        first.set_archive_policy(
+            enabled=lambda: True, topic_policy=lambda t: None, safe_offset=lambda: None,
+            owner="DefaultCluster/broker-a",
+        )  # fmt: skip
+        fill(first, "t", 100)
+        assert first.run_archive() > 0
+    with archived_store(tmp_path / "b-store", tmp_path / "a") as other:
+        other.set_archive_policy(
+            enabled=lambda: True, topic_policy=lambda t: None, safe_offset=lambda: None,
+            owner="DefaultCluster/broker-b",
+        )  # fmt: skip
+        fill(other, "t", 100)
+        assert other.run_archive() == 0
+        assert other.archiver is not None
+        assert (
+            "belongs to broker group 'DefaultCluster/broker-a'" in other.archiver.counts.last_error
+        )
+        age_files(tmp_path / "b-store", 73 * HOUR)
+        assert other.run_retention() == 0  # nothing of its own is archived: nothing goes
+        assert other.archiver.reader.refused  # and reads below retention are refused
