@@ -17,6 +17,7 @@ from tidemq.reader import MAX_PULL_MESSAGES
 DEFAULT_PULL_TIMEOUT_MS: Final = 60_000
 DEFAULT_PULL_MAX_BYTES: Final = 4 << 20
 DEFAULT_BATCH_MAX_MESSAGES: Final = 256
+MAX_TIMESTAMP_MS: Final = (1 << 63) - 1
 
 READ_OPTIONS: Final = frozenset(
     {
@@ -25,6 +26,8 @@ READ_OPTIONS: Final = frozenset(
         "tags",
         "startingoffsets",
         "endingoffsets",
+        "startingtimestamp",
+        "endingtimestamp",
         "maxoffsetspertrigger",
         "failondataloss",
         "pullbatchsize",
@@ -53,6 +56,12 @@ class ReadOptions:
     pull_batch_messages: int
     pull_max_bytes: int
     pull_timeout_ms: int
+    # Spark's Kafka options of these names: per queue, start at the first offset stored at or
+    # after startingTimestamp, and stop before the first stored at or after endingTimestamp
+    # (ms since the epoch), as the brokers' offset search finds them. They replace
+    # startingOffsets / endingOffsets.
+    starting_timestamp_ms: int | None = None
+    ending_timestamp_ms: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -67,6 +76,20 @@ class ReadOptions:
             raise OptionError('"endingOffsets" applies to batch reads only')
         if not streaming and "maxoffsetspertrigger" in opts:
             raise OptionError('"maxOffsetsPerTrigger" applies to streaming reads only')
+        if streaming and "endingtimestamp" in opts:
+            raise OptionError('"endingTimestamp" applies to batch reads only')
+        for word in ("starting", "ending"):
+            if f"{word}timestamp" in opts and f"{word}offsets" in opts:
+                raise OptionError(
+                    f'"{word}Timestamp" and "{word}Offsets" both say where to {word[:-3]}; '
+                    "give one of them"
+                )
+        starting_ms = _timestamp(opts.get("startingtimestamp"), "startingTimestamp")
+        ending_ms = _timestamp(opts.get("endingtimestamp"), "endingTimestamp")
+        if starting_ms is not None and ending_ms is not None and ending_ms < starting_ms:
+            raise OptionError(
+                f"endingTimestamp {ending_ms} is before startingTimestamp {starting_ms}"
+            )
         try:
             # Spark's Kafka defaults: a batch reads everything, a stream only what comes next.
             starting = parse_spec(
@@ -100,6 +123,8 @@ class ReadOptions:
             pull_timeout_ms=_positive_int(
                 opts.get("pulltimeoutms", str(DEFAULT_PULL_TIMEOUT_MS)), "pullTimeoutMs"
             ),
+            starting_timestamp_ms=starting_ms,
+            ending_timestamp_ms=ending_ms,
         )
 
 
@@ -151,6 +176,19 @@ def _positive_int(raw: str, name: str) -> int:
     if value <= 0:
         raise OptionError(f'option "{name}" must be > 0, not {value}')
     return value
+
+
+def _timestamp(raw: str | None, name: str) -> int | None:
+    """Milliseconds since the epoch, as Spark's Kafka source takes them."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    # Digits only: no sign, no fraction, no ISO date; and within the brokers' int64.
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_TIMESTAMP_MS:
+        raise OptionError(
+            f'option "{name}" must be milliseconds since the epoch (an integer >= 0), not {raw!r}'
+        )
+    return int(text)
 
 
 def _bool(raw: str, name: str) -> bool:

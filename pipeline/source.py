@@ -92,6 +92,12 @@ def _ranges(
     return out
 
 
+def _nothing_to_read(partition: InputPartition) -> bool:
+    """Spark reads a batch whose ``partitions()`` are none (every range empty: e.g. a
+    startingTimestamp later than every message) through one ``InputPartition(None)``."""
+    return type(partition) is InputPartition and partition.value is None
+
+
 class _Planner:
     """The options plus a lazily opened queue table; pickles without the table."""
 
@@ -106,6 +112,21 @@ class _Planner:
 
     def bounds(self) -> dict[MessageQueue, QueueBounds]:
         return self.table().bounds()
+
+    def starts(self, bounds: dict[MessageQueue, QueueBounds]) -> dict[MessageQueue, int]:
+        """Where the query starts in each queue: startingTimestamp through the brokers'
+        offset search, else startingOffsets."""
+        ms = self.options.starting_timestamp_ms
+        if ms is not None:
+            return self.table().offsets_at(ms, bounds)
+        return resolve(self.options.starting, bounds, name="startingOffsets", ending=False)
+
+    def ends(self, bounds: dict[MessageQueue, QueueBounds]) -> dict[MessageQueue, int]:
+        """Where a batch query stops: endingTimestamp, else endingOffsets."""
+        ms = self.options.ending_timestamp_ms
+        if ms is not None:
+            return self.table().offsets_at(ms, bounds)
+        return resolve(self.options.ending, bounds, name="endingOffsets", ending=True)
 
     def close(self) -> None:
         if self._table is not None:
@@ -124,18 +145,24 @@ class TidemqBatchReader(DataSourceReader):
         planner = _Planner(self.options)
         try:
             bounds = planner.bounds()
+            start = planner.starts(bounds)
+            end = planner.ends(bounds)
         finally:
             planner.close()
-        start = resolve(self.options.starting, bounds, name="startingOffsets", ending=False)
-        end = resolve(self.options.ending, bounds, name="endingOffsets", ending=True)
+        o = self.options
+        ending = "endingTimestamp" if o.ending_timestamp_ms is not None else "endingOffsets"
+        starting = "startingTimestamp" if o.starting_timestamp_ms is not None else "startingOffsets"
         for key in bounds:
             if end[key] < start[key]:
                 raise OptionError(
-                    f"endingOffsets {end[key]} of {key} is before startingOffsets {start[key]}"
+                    f"{ending} (offset {end[key]} of {key}) is before {starting} "
+                    f"(offset {start[key]})"
                 )
         return _ranges(start, end, new_queues=False)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if _nothing_to_read(partition):
+            return iter(())
         assert isinstance(partition, QueueRange)
         return read_range(self.options, partition)
 
@@ -153,8 +180,7 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offsets:
         bounds = self._planner.bounds()
-        start = resolve(self.options.starting, bounds, name="startingOffsets", ending=False)
-        return to_json_dict(start)
+        return to_json_dict(self._planner.starts(bounds))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_offsets_per_trigger
@@ -181,6 +207,8 @@ class TidemqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _ranges(from_json_dict(start), from_json_dict(end), new_queues=True)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if _nothing_to_read(partition):
+            return iter(())
         assert isinstance(partition, QueueRange)
         return read_range(self.options, partition)
 

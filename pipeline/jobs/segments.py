@@ -1,4 +1,9 @@
-"""Archived CommitLog segment files: finding them, cutting them into splits, walking records.
+"""CommitLog segment files: finding them, cutting them into splits, walking records.
+
+A segment is a file copied from a broker's ``commitlog/`` directory, or a file of an archive
+(docs/archive.md, ``pipeline.jobs.archive``), fetched whole and checked against its manifest
+entry by the task that reads it: decompressed it is the CommitLog file byte for byte, and is
+walked exactly as a local one.
 
 No Spark here: the jobs and the ``tidemq_segments`` data source run these functions in executor
 tasks. Records are decoded and checked with ``tidemq.storage.record``, the store's own codec.
@@ -13,14 +18,16 @@ that checks out, and the bytes between are reported as one corrupt span.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import mmap
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
+from tidemq.pipeline.jobs.archive import ArchivedFile, ArchiveLocation, list_archive
 from tidemq.storage.record import (
     BLANK,
     BLANK_MAGIC,
@@ -49,8 +56,9 @@ class SegmentError(ValueError):
 @dataclass(frozen=True, order=True)
 class Segment:
     base_offset: int  # CommitLog offset of the file's first byte (its name)
-    path: str
+    path: str  # a local path, or for an archived file its archive's URI + /segments/NAME
     size_bytes: int
+    archived: ArchivedFile | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -78,6 +86,7 @@ class ScannedRecord:
     tags: str | None = None
     keys: tuple[str, ...] = ()
     msg_id: str | None = None
+    body: bytes | None = None  # only when asked for (``scan_split(include_body=True)``)
 
 
 def segment_of(path: str) -> Segment:
@@ -90,9 +99,35 @@ def segment_of(path: str) -> Segment:
     return Segment(int(name), os.path.abspath(path), os.path.getsize(path))
 
 
-def find_segments(paths: Sequence[str]) -> list[Segment]:
-    """Segments named by ``paths``: directories (their segment files), globs, or files."""
+@dataclass(frozen=True)
+class ArchiveContents:
+    uri: str  # as the archive's backend spells it
+    segments: list[Segment]  # its archived files, by base offset
+    not_archived: list[str]  # names of the files its manifest records as not archived
+
+
+def archived_segments(location: ArchiveLocation) -> ArchiveContents:
+    """An archive's archived files as segments (listed from its manifest)."""
+    listing = list_archive(location)
+    segments = [Segment(f.entry.base_offset, f.path, f.entry.size_bytes, f) for f in listing.files]
+    return ArchiveContents(listing.uri, segments, listing.not_archived)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    segments: list[Segment]  # sorted
+    archives: list[ArchiveContents]
+
+
+def find_inputs(paths: Sequence[str], archives: Sequence[ArchiveLocation] = ()) -> Inputs:
+    """Segments named by ``paths`` (directories: their segment files, globs, or files) and the
+    archived files of ``archives``. Each is listed once per name it is given by: a file that is
+    both in a directory and in an archive is read twice."""
     found: dict[str, Segment] = {}
+    listed = [archived_segments(location) for location in archives]
+    for archive in listed:
+        for seg in archive.segments:
+            found[seg.path] = seg
     for p in paths:
         if os.path.isdir(p):
             names = [os.path.join(p, n) for n in sorted(os.listdir(p)) if SEGMENT_NAME.match(n)]
@@ -106,21 +141,48 @@ def find_segments(paths: Sequence[str]) -> list[Segment]:
             seg = segment_of(n)
             found[seg.path] = seg
     if not found:
-        raise SegmentError(f"no CommitLog segment files in {list(paths)}")
-    return sorted(found.values())
+        where = list(paths) + [a.uri for a in archives]
+        raise SegmentError(f"no CommitLog segment files in {where}")
+    return Inputs(sorted(found.values()), listed)
+
+
+def find_segments(paths: Sequence[str], archives: Sequence[ArchiveLocation] = ()) -> list[Segment]:
+    """``find_inputs``' segments."""
+    return find_inputs(paths, archives).segments
 
 
 def splits(segments: Sequence[Segment], split_bytes: int) -> list[Split]:
+    """Local files cut into ``split_bytes`` pieces; an archived file is one split (its task
+    fetches and checks the whole file before reading it)."""
     if split_bytes <= 0:
         raise SegmentError("split size must be > 0")
     out = []
     for seg in segments:
-        for start in range(0, max(seg.size_bytes, 1), split_bytes):
-            out.append(Split(seg, start, min(start + split_bytes, seg.size_bytes)))
+        step = max(seg.size_bytes, 1) if seg.archived is not None else split_bytes
+        for start in range(0, max(seg.size_bytes, 1), step):
+            out.append(Split(seg, start, min(start + step, seg.size_bytes)))
     return out
 
 
-def _find_record(buf: mmap.mmap, pos: int, before: int, limit: int, base: int) -> int | None:
+Contents = bytes | mmap.mmap
+
+
+@contextlib.contextmanager
+def contents(seg: Segment) -> Iterator[Contents]:
+    """The segment's bytes: a local file mapped, an archived one fetched and checked (raises
+    ``ArchiveInputError`` naming an object that fails its checks)."""
+    if seg.archived is not None:
+        yield seg.archived.fetch()
+        return
+    with open(seg.path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield b""  # mmap refuses an empty file
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            yield buf
+
+
+def _find_record(buf: Contents, pos: int, before: int, limit: int, base: int) -> int | None:
     """The first position in [pos, before) where a whole, checked record (the file readable up
     to ``limit``) or an end-of-file blank starts; None when there is none."""
     search = pos + 4
@@ -142,13 +204,16 @@ def _find_record(buf: mmap.mmap, pos: int, before: int, limit: int, base: int) -
             return at
 
 
-def _scanned(seg: Segment, buf: mmap.mmap, pos: int, info: RecordInfo) -> ScannedRecord:
+def _scanned(
+    seg: Segment, buf: Contents, pos: int, info: RecordInfo, include_body: bool
+) -> ScannedRecord:
     sys_flag = info.sys_flag
     hdr = HEADERS[bool(sys_flag & SYSFLAG_BORNHOST_V6), bool(sys_flag & SYSFLAG_STOREHOST_V6)]
     fields = hdr.unpack_from(buf, pos)
     keys = (
         tuple(k for k in info.keys.decode("utf-8", "replace").split(" ") if k) if info.keys else ()
     )
+    body_at = pos + hdr.size
     return ScannedRecord(
         file=seg.path,
         file_offset=pos,
@@ -163,15 +228,17 @@ def _scanned(seg: Segment, buf: mmap.mmap, pos: int, info: RecordInfo) -> Scanne
         tags=info.tags.decode("utf-8", "replace") if info.tags is not None else None,
         keys=keys,
         msg_id=make_msg_id((fields[12], fields[13]), info.phy_offset),
+        body=bytes(buf[body_at : body_at + fields[16]]) if include_body else None,
     )
 
 
-def scan_split(split: Split) -> Iterator[ScannedRecord]:
-    """Every record starting in ``split``, each CRC verified, and the corrupt spans between."""
+def scan_split(split: Split, *, include_body: bool = False) -> Iterator[ScannedRecord]:
+    """Every record starting in ``split``, each CRC verified, and the corrupt spans between;
+    with ``include_body`` the good records carry their bodies."""
     seg = split.segment
     if seg.size_bytes == 0:
         return
-    with open(seg.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with contents(seg) as buf:
         limit = len(buf)
         pos: int | None = split.start
         if split.start > 0:
@@ -180,7 +247,7 @@ def scan_split(split: Split) -> Iterator[ScannedRecord]:
             status, info = check_record(buf, pos, limit, True, seg.base_offset + pos)
             if status == OK:
                 assert isinstance(info, RecordInfo)
-                yield _scanned(seg, buf, pos, info)
+                yield _scanned(seg, buf, pos, info, include_body)
                 pos += info.size
                 continue
             if status == END_OF_FILE:
@@ -198,7 +265,7 @@ def data_end(seg: Segment) -> int:
     """File position where the segment's records end (its blank marker, zeros, or damage)."""
     if seg.size_bytes == 0:
         return 0
-    with open(seg.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with contents(seg) as buf:
         pos, limit = 0, len(buf)
         while True:
             status, info = check_record(buf, pos, limit, False, seg.base_offset + pos)
