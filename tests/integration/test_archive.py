@@ -20,6 +20,7 @@ from tests.integration import replicas
 from tests.integration.conftest import BrokerProcess, NameServerProcess, StartBroker, free_port
 from tests.integration.replicas import QUEUES, create_topic, status
 from tests.integration.s3_gate import S3Gate
+from tests.integration.test_cli_client import tidemq
 from tests.integration.test_retention_replicas import counter
 from tests.s3_server import S3Archive
 from tests.waiting import wait_until
@@ -156,6 +157,13 @@ def test_expired_files_are_archived_then_deleted_and_pulls_read_them_back(
     # Past local retention, the same offsets, ids and bytes.
     after = [pull_all(master, q) for q in range(QUEUES)]
     assert after == before
+    # A consumer group starting at the first offset gets every message, the archived ones too.
+    got = tidemq(
+        nameserver.address, "consume", "orders", "--group", "late-readers", "--from", "first",
+        "--max", "600", "--timeout", "10", "--json",
+    )  # fmt: skip
+    bodies = sorted(json.loads(line)["body"].encode() for line in got.stdout.splitlines())
+    assert bodies == sorted(b for q in sent_bodies("a", 600) for b in q)
     assert counter(metrics, "tidemq_archive_read_chunks_total", source="archive") > 0
     # The archive checks out on its own: every file's chunks, checksum and records.
     reader = ArchiveReader(
