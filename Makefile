@@ -148,6 +148,7 @@ bench: venv $(ROCKETMQ_STAMP)
 	$(PY) bench/security_bench.py
 	$(PY) bench/console_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
+	$(PY) bench/archive_bench.py --perfkit $(PERFKIT) --s3
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/receive_bench.py --perfkit $(PERFKIT)

@@ -12,6 +12,8 @@ named ``N`` (its 20-digit base offset, as in ``commitlog/``):
   right MD5 is not sent again) and reads cheap (a record is served by decompressing the chunk
   it lies in, never the whole file);
 - ``segments/N/queues``: the file's ConsumeQueue slice (below), compressed as the chunks are;
+- ``owner.json``: the broker group whose CommitLog this is, written by its first master to
+  archive; a broker of another group refuses the archive (same file names, other bytes);
 - ``manifest/N.json``: the entry, written last. A file is archived exactly when its entry exists:
   a crash before that leaves chunks that the next attempt checks and reuses, never an entry for
   a file that is not all there, and never two entries for one file (the key is the name).
@@ -42,7 +44,9 @@ import bisect
 import functools
 import hashlib
 import json
+import operator
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -53,12 +57,18 @@ from tidemq.storage.archive.config import COMPRESSIONS
 from tidemq.storage.errors import StoreError
 from tidemq.storage.mapped_file import offset_to_name
 from tidemq.storage.record import END_OF_FILE, OK, RecordInfo
+from tidemq.storage.record.block import scan_span
 from tidemq.storage.record.decode import check_record
+from tidemq.storage.record.layout import SYSFLAG_BORNHOST_V6
 
 FORMAT_VERSION = 1
 QUEUE_ENTRY = struct.Struct(">qiq")  # consume_queue.ENTRY
 STORE_MS = struct.Struct(">q")
 _HEADER_LEN = struct.Struct(">I")
+# A record's SYSFLAG and, when its born host is IPv4, its store timestamp (record.layout: the
+# timestamp follows the born host, 12 bytes further with an IPv6 one).
+_FLAG_AND_STORE_MS = struct.Struct(">36xi16xq")
+_STORE_MS_AFTER_V6_BORN_HOST = 68
 
 
 class ArchiveError(StoreError):
@@ -77,6 +87,12 @@ class ArchiveCorruptError(ArchiveError):
     reported and never served."""
 
     code = "ARCHIVE_CORRUPT"
+
+
+class ArchiveOwnedError(ArchiveError):
+    """The archive belongs to another broker group (``owner.json``)."""
+
+    code = "ARCHIVE_OWNED"
 
 
 class SegmentNotArchivableError(ArchiveError):
@@ -103,6 +119,8 @@ def entry_key(name: str) -> str:
 
 
 MANIFEST_PREFIX = "manifest/"
+# {"format_version": 1, "owner": "CLUSTER/BROKER_GROUP"}: whose CommitLog this archive holds.
+OWNER_KEY = "owner.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +277,84 @@ def scan_segment(
 ) -> SegmentScan:
     """Walk a whole CommitLog file and check every record (shape, position, CRCs); raise
     ``SegmentNotArchivableError`` at the first that fails. A sealed file ends with a blank
-    marker or exactly at its last record. Chunks are cut as the module docstring says."""
+    marker or exactly at its last record. Chunks are cut as the module docstring says.
+
+    The walk is dispatch's compiled one (``record.block.scan_span``: the same checks as
+    ``check_record``, every CRC) when it can answer for the whole file; a file it cannot (a
+    record that fails, a transaction half, which has no queue entry, a queue whose offsets
+    jump) is walked again record by record (``_scan_records``), which says what is wrong."""
+    found = _scan_compiled(buf, base_offset, record_crc, chunk_bytes)
+    if found is None:
+        found = _scan_records(buf, base_offset, record_crc, chunk_bytes)
+    return found
+
+
+def _scan_compiled(
+    buf: bytes | memoryview, base_offset: int, record_crc: bool, chunk_bytes: int
+) -> SegmentScan | None:
+    """``_scan_records``' answer from one ``scan_span`` over the file, or None when the file
+    is not one it can answer for: every record valid, each with a queue entry (no transaction
+    half), one run of consecutive queue offsets per queue."""
+    limit = len(buf)
+    span = scan_span(buf, 0, limit, base_offset, base_offset, record_crc, 0)
+    if span.status == END_OF_FILE:
+        data_end = span.end
+    elif span.status == OK and span.end == limit:
+        data_end = limit
+    else:
+        return None
+    runs = sorted(span.runs, key=lambda r: (r[0], r[1]))
+    if len({(r[0], r[1]) for r in runs}) != len(runs):
+        return None  # a queue's offsets jump within the file
+    entries = b"".join(r[3] for r in runs)
+    records = len(entries) // QUEUE_ENTRY.size
+    if records != span.scanned:
+        return None  # transaction halves: records without a queue entry
+    spans: list[QueueSpan] = []
+    n = 0
+    for topic, qid, first, packed in runs:
+        count = len(packed) // QUEUE_ENTRY.size
+        spans.append(QueueSpan(topic, qid, first, count, n))
+        n += count
+    # Every record has an entry and the records lie back to back from 0 to data_end: their
+    # starts, sorted, are the records in log order.
+    at = _FLAG_AND_STORE_MS.unpack_from
+    starts = [phy - base_offset for phy, _size, _code in QUEUE_ENTRY.iter_unpack(entries)]
+    flags, read_ms = zip(*[at(buf, pos) for pos in starts], strict=True) if starts else ((), ())
+    stamps = list(read_ms)
+    if functools.reduce(operator.or_, flags, 0) & SYSFLAG_BORNHOST_V6:
+        for i, flag in enumerate(flags):
+            if flag & SYSFLAG_BORNHOST_V6:  # the timestamp is further on
+                (stamps[i],) = STORE_MS.unpack_from(buf, starts[i] + _STORE_MS_AFTER_V6_BORN_HOST)
+    first_ms = last_ms = 0
+    if records:
+        first_ms = stamps[starts.index(0)]
+        last_ms = max(0, *stamps)
+    starts.sort()
+    # A chunk is cut at the first record that would take it past chunk_bytes, unless that
+    # record starts it (a record larger than chunk_bytes has a chunk of its own).
+    ends = [*starts[1:], data_end]
+    cuts = [0]
+    j = 0  # the record the last cut starts at
+    while records:
+        i = max(bisect.bisect_right(ends, cuts[-1] + chunk_bytes), j + 1)
+        if i >= records:
+            break
+        cuts.append(starts[i])
+        j = i
+    while limit - cuts[-1] > chunk_bytes:  # the blank tail: after the records, then evenly
+        cuts.append(data_end if cuts[-1] < data_end else cuts[-1] + chunk_bytes)
+    return SegmentScan(
+        records, data_end, first_ms, last_ms, frozenset(r[0] for r in runs), tuple(spans),
+        entries, struct.pack(f">{records}q", *stamps), tuple(cuts),
+    )  # fmt: skip
+
+
+def _scan_records(
+    buf: bytes | memoryview, base_offset: int, record_crc: bool, chunk_bytes: int
+) -> SegmentScan:
+    """``scan_segment`` record by record (``check_record``): for any file, and the one that
+    names what is wrong with a file that fails."""
     per_queue: dict[tuple[str, int], list[RecordInfo]] = {}
     pos = 0
     limit = len(buf)
@@ -366,19 +461,29 @@ def md5_hex(data: bytes | memoryview) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
+_decompressors = threading.local()  # a decompressor per thread, kept as Codec's compressors
+
+
 class Codec:
     """A chunk's compression: zstd frames (each chunk alone) or none."""
 
-    def __init__(self, name: str, level: int = 3) -> None:
+    def __init__(self, name: str, level: int = 1) -> None:
         if name not in COMPRESSIONS:
             raise ArchiveError(f"unknown archive compression {name!r}; one of {COMPRESSIONS}")
         self.name = name
         self._level = level
+        # A compressor per thread, kept (one is not thread-safe; building one per chunk costs).
+        self._local = threading.local()
 
     def compress(self, data: bytes | memoryview) -> bytes:
         if self.name == "none":
             return bytes(data)
-        return zstandard.ZstdCompressor(level=self._level).compress(data)
+        cctx: zstandard.ZstdCompressor | None = getattr(self._local, "cctx", None)
+        if cctx is None:
+            cctx = self._local.cctx = zstandard.ZstdCompressor(
+                level=self._level, write_checksum=True
+            )
+        return cctx.compress(data)
 
     @staticmethod
     def decompress(name: str, data: bytes, size_bytes: int | None, key: str) -> bytes:
@@ -386,10 +491,15 @@ class Codec:
         if name == "none":
             out = data
         else:
+            dctx: zstandard.ZstdDecompressor | None = getattr(_decompressors, "dctx", None)
+            if dctx is None:
+                dctx = _decompressors.dctx = zstandard.ZstdDecompressor()
             try:
-                out = zstandard.ZstdDecompressor().decompress(data, max_output_size=size_bytes or 0)
+                out = dctx.decompress(data, max_output_size=size_bytes or 0)
             except zstandard.ZstdError as e:
-                raise ArchiveCorruptError(f"archived object {key} does not decompress: {e}") from e
+                raise ArchiveCorruptError(
+                    f"archived object {key} fails its checksum or does not decompress (zstd: {e})"
+                ) from e
         if size_bytes is not None and len(out) != size_bytes:
             raise ArchiveCorruptError(
                 f"archived object {key} holds {len(out)} bytes, its entry says {size_bytes}"

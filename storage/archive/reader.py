@@ -84,6 +84,10 @@ class ArchiveReader:
             max(cache_bytes // 4, 1 << 20), lambda s: len(s.entries)
         )
         self.counts = ReadCounts()
+        # Until the manifest was read once, no read can tell an archived range from a gap.
+        self.loaded = False
+        # Why this store may not use the archive at all (another group's), when it may not.
+        self.refused = ""
 
     # ----------------------------------------------------------------- manifest
     def refresh(self) -> list[ManifestEntry]:
@@ -102,6 +106,7 @@ class ArchiveReader:
                     (e for e in self._entries.values() if e.archived), key=lambda e: e.base_offset
                 )
                 self._bases = [e.base_offset for e in self._archived]
+        self.loaded = True
         return new
 
     def add(self, entry: ManifestEntry) -> None:
@@ -143,7 +148,7 @@ class ArchiveReader:
             self.counts.chunk_hits += 1
             return hit
         try:
-            data = fetch_chunk(self.backend, entry, index)
+            data = fetch_chunk(self.backend, entry, index, md5=False)
         except ArchiveCorruptError as e:
             self.counts.corrupt += 1
             log.error("archive read refused: %s", e)  # noqa: TRY400 - the message says it all
