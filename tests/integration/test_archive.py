@@ -108,6 +108,10 @@ def pull_all(b: BrokerProcess, queue_id: int) -> list[tuple[int, str, bytes]]:
         offset = r.next_offset
 
 
+def bodies_by_queue(b: BrokerProcess) -> list[list[bytes]]:
+    return [[body for _q, _id, body in pull_all(b, q)] for q in range(QUEUES)]
+
+
 def body(prefix: str, i: int) -> bytes:
     return f"{prefix}-{i}-".encode().ljust(1000, b".")  # about 60 messages per file
 
@@ -194,7 +198,7 @@ def test_a_broker_killed_mid_upload_resumes_without_loss_or_duplicates(
     assert counter(metrics, "tidemq_archive_chunks_reused_total") >= 3
     names = manifest_names(s3_archive)
     assert len(names) == len(set(names)) and names[0].endswith(f"{0:020d}.json")
-    got = [[b for _q, _id, b in pull_all(restarted, q)] for q in range(QUEUES)]
+    got = bodies_by_queue(restarted)
     assert got == sent_bodies("k", 300)
 
 
@@ -217,7 +221,7 @@ def test_an_unreachable_archive_stops_deletion_and_says_so(
     gate.open()  # back
     wait_until(lambda: min_offset(master) > 0, 60, "deletion once the archive is back")
     assert counter(metrics, "tidemq_archive_up") == 1
-    got = [[b for _q, _id, b in pull_all(master, q)] for q in range(QUEUES)]
+    got = bodies_by_queue(master)
     assert got == sent_bodies("u", 400)
 
 
@@ -272,7 +276,7 @@ def test_a_topics_retention_policy_decides_what_is_archived(
     wait_until(lambda: min_offset(master) > 10 * 64 * 1024, 60, "retention past 10 files")
     assert counter(metrics, "tidemq_archive_files_total", outcome="skipped") >= 5
     assert counter(metrics, "tidemq_archive_files_total", outcome="archived") >= 1
-    got = [[b for _q, _id, b in pull_all(master, q)] for q in range(QUEUES)]
+    got = bodies_by_queue(master)
     assert got == sent_bodies("k", 100)  # all of it, from the archive
 
 
@@ -303,5 +307,5 @@ def test_a_slave_follows_its_masters_manifest_and_reads_the_archive(
     # Only the master uploads; the slave deleted what the master's manifest lists.
     assert counter(slave_metrics, "tidemq_archive_files_total", outcome="archived") == 0
     assert counter(master_metrics, "tidemq_archive_files_total", outcome="archived") >= 5
-    got = [[b for _q, _id, b in pull_all(slave, q)] for q in range(QUEUES)]
+    got = bodies_by_queue(slave)
     assert got == sent_bodies("r", 600)

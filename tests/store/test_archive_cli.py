@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 
 from tests.s3_server import S3Archive
 from tests.store.test_archive import archived_store
+from tests.store.test_cli import tidemq
 from tidemq.storage import Message, MessageStore, StoreConfig
 from tidemq.storage.archive.format import chunk_key
 
@@ -24,17 +24,6 @@ pytestmark = pytest.mark.store
 
 FILE = 16384  # archived_store's CommitLog file size
 QUEUES = {"orders": 3, "audit": 1}
-
-
-def tidemq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "tidemq.cli", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **(env or {})},
-    )
 
 
 def archive_cmd(

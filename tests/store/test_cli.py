@@ -1,6 +1,7 @@
 """`tidemq store ...` as an operator runs it: a real process, exit codes, output."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +11,15 @@ import pytest
 pytestmark = pytest.mark.store
 
 
-def tidemq(*args: str) -> subprocess.CompletedProcess[str]:
+def tidemq(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a process of its own, with ``env`` added to this one's environment."""
     return subprocess.run(
         [sys.executable, "-m", "tidemq.cli", *args],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
