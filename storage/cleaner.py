@@ -102,8 +102,7 @@ class Cleaner:
             if n:
                 p.commitlog.mfq.delete_head(n)
                 cl_min = p.commitlog.min_offset
-                for cq in p.queues.all():
-                    cq.delete_expired(cl_min)
+                p.queues.delete_expired(cl_min)
                 if p.index is not None:
                     p.index.delete_files_below(cl_min)
         self._report(plan.unconsumed, plan.held, replica_floor, usage)

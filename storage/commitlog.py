@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from tidemq.storage.clock import now_ms
 from tidemq.storage.errors import (
@@ -23,6 +23,7 @@ from tidemq.storage.errors import (
 )
 from tidemq.storage.mapped_file import MappedFile
 from tidemq.storage.mapped_file_queue import MappedFileQueue
+from tidemq.storage.queue_offsets import QueueOffsetTable
 from tidemq.storage.record import (
     BLANK_SIZE,
     CORRUPT,
@@ -85,13 +86,19 @@ class CommitLog:
         self.record_crc = record_crc
         self.store_host = store_host
         self.mfq = MappedFileQueue(os.path.join(root_dir, "commitlog"), file_size)
-        # (topic, queue id) -> queue offset the next message gets.
-        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        # (topic, queue id) -> queue offset the next message gets; a queue missing from it is
+        # asked of ``queue_offset_source`` (``queue_offsets``).
+        self.queue_offset_source: Callable[[tuple[str, int]], int] | None = None
+        self.topic_queue_table: dict[tuple[str, int], int] = QueueOffsetTable()
         self.last_store_timestamp_ms = 0
         # Records below this offset were written here or already CRC-checked; above it (replicated
         # bytes) the dispatcher verifies every CRC before anything becomes readable.
         self.trusted_end = 0
         self.last_write_raw = False
+
+    def reset_queue_table(self) -> None:
+        """Forget every queue's next offset: each is asked of the source again when next used."""
+        self.topic_queue_table = QueueOffsetTable(self.queue_offset_source)
 
     @property
     def min_offset(self) -> int:

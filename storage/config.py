@@ -62,6 +62,12 @@ class StoreConfig:
     flush_thorough_interval_ms: int = 10_000
     sync_flush_timeout_ms: int = 5_000
     consume_queue_flush_interval_ms: int = 1_000
+    # ConsumeQueue files mapped at once at most (docs/storage.md, "Many queues"): past it the
+    # least recently used queues are unmapped, and mapped again when next used. Each mapped file
+    # holds two descriptors and one mapping: keep 2 x this under the descriptor limit
+    # (ulimit -n) with room for the CommitLog, the index and the broker's sockets, and under
+    # vm.max_map_count (65530 by default).
+    consume_queue_max_open_files: int = 4096
     checkpoint_interval_ms: int = 1_000
     # Pages (storage.warm, storage.pages, storage.transient_pool; docs/storage.md "Pages").
     # How far ahead of the CommitLog's write position a background thread keeps pages in the
@@ -138,6 +144,8 @@ class StoreConfig:
             )
         if self.consume_queue_entries_per_file < 1:
             problems.append("consume_queue_entries_per_file must be >= 1")
+        if self.consume_queue_max_open_files < 1:
+            problems.append("consume_queue_max_open_files must be >= 1")
         if self.index_slot_num < 1 or self.index_max_num < 2:
             problems.append("index_slot_num must be >= 1 and index_max_num >= 2")
         if self.max_message_body_bytes < 0:

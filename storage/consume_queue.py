@@ -16,12 +16,17 @@ starts from its master's oldest retained message.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import threading
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from tidemq.storage.mapped_file_queue import MappedFileQueue
+
+if TYPE_CHECKING:
+    from tidemq.storage.queue_store import ConsumeQueueStore
 
 ENTRY: Final = struct.Struct(">qiq")
 ENTRY_SIZE: Final = 20
@@ -42,31 +47,114 @@ def is_blank(phy: int, size: int) -> bool:
     return phy == 0 and size == BLANK_ENTRY_SIZE_FIELD
 
 
+# A standalone queue (tools, tests) has nobody to share a lock with.
+_NO_LOCK: Final = contextlib.nullcontext()
+
+
 class ConsumeQueue:
-    def __init__(self, root_dir: str, topic: str, queue_id: int, entries_per_file: int) -> None:
+    """One queue's entries. Standalone (``keeper`` None: tools) it is mapped by ``load`` and
+    stays mapped. Kept by a ``ConsumeQueueStore`` its files are mapped on first use and may be
+    unmapped again when the store holds too many open (``queue_store``): every method then takes
+    the store's lock, maps the files if they are not, and tells the store the queue was used."""
+
+    __slots__ = (
+        "_keeper",
+        "_lock",
+        "_mfq",
+        "closed_end_byte",
+        "counted_files",
+        "directory",
+        "file_size",
+        "known",
+        "max_physic_offset",
+        "min_logic_byte",
+        "names_range",
+        "queue_id",
+        "topic",
+        "unsynced",
+    )
+
+    def __init__(
+        self,
+        root_dir: str,
+        topic: str,
+        queue_id: int,
+        entries_per_file: int,
+        keeper: ConsumeQueueStore | None = None,
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
+        self.directory = queue_dir(root_dir, topic, queue_id)
         self.file_size = entries_per_file * ENTRY_SIZE
-        self.mfq = MappedFileQueue(queue_dir(root_dir, topic, queue_id), self.file_size)
         self.max_physic_offset = -1  # end (offset + size) of the newest entry, -1 when empty
         self.min_logic_byte = 0  # byte position of the oldest live entry
+        self._keeper = keeper
+        self._lock: threading.RLock | contextlib.nullcontext[None] = (
+            _NO_LOCK if keeper is None else keeper.lock
+        )
+        # Mapped files; a kept queue has None while unmapped.
+        self._mfq: MappedFileQueue | None = (
+            MappedFileQueue(self.directory, self.file_size) if keeper is None else None
+        )
+        # Whether this process knows where the queue's entries end: False for a queue found on
+        # disk and not recovered yet (its first mapping recovers it), True once recovered or
+        # made here. While unmapped and known, ``closed_end_byte`` is where they end.
+        self.known = keeper is None
+        self.closed_end_byte = 0
+        # (first byte, end byte) of the files found at load, from their names alone: what
+        # recovery compares with the manifest without mapping anything.
+        self.names_range = (0, 0)
+        self.counted_files = 0  # files the store counts as mapped for this queue
+        # Files unmapped with bytes not yet fdatasync'd: the next flush syncs them by path.
+        self.unsynced: list[str] = []
+
+    @property
+    def mfq(self) -> MappedFileQueue:
+        """The mapped files, mapped now if they are not (a kept queue's caller holds the lock)."""
+        mfq = self._mfq
+        if self._keeper is None:
+            assert mfq is not None
+            return mfq
+        if mfq is None:
+            return self._keeper.map_queue(self)
+        self._keeper.touch(self)
+        return mfq
+
+    @property
+    def mapped(self) -> bool:
+        return self._mfq is not None
+
+    def attach(self, mfq: MappedFileQueue | None) -> None:
+        """Set (or with None drop) the mapped files: for the store that keeps the queue."""
+        self._mfq = mfq
 
     # ----------------------------------------------------------------- offsets
     @property
     def min_offset(self) -> int:
-        return max(self.min_logic_byte, self.mfq.min_offset) // ENTRY_SIZE
+        with self._lock:
+            first = self.mfq.min_offset  # first: mapping a queue corrects its minimum
+            return max(self.min_logic_byte, first) // ENTRY_SIZE
 
     @property
     def max_offset(self) -> int:
         """Queue offset the next entry gets (the number of entries, including expired ones)."""
-        return self.mfq.max_offset // ENTRY_SIZE
+        if self._mfq is None and self.known:
+            return self.closed_end_byte // ENTRY_SIZE  # exact: only writes (which map) move it
+        with self._lock:
+            return self.mfq.max_offset // ENTRY_SIZE
 
     # ----------------------------------------------------------------- load / recover
     def load(self) -> None:
-        self.mfq.load()
+        with self._lock:
+            self.mfq.load()
 
     def recover(self) -> None:
         """Find the last valid entry (spec §3.2), cut everything after it (zeroed)."""
+        with self._lock:
+            self._recover()
+            self.known = True
+
+    def _recover(self) -> None:
         files = self.mfq.files
         if not files:
             return
@@ -98,6 +186,11 @@ class ConsumeQueue:
         return -1
 
     # ----------------------------------------------------------------- write
+    def _wrote(self, mfq: MappedFileQueue) -> None:
+        keeper = self._keeper
+        if keeper is not None:
+            keeper.wrote(self, mfq)
+
     def put(
         self, phy: int, size: int, tag_code: int, queue_offset: int, allow_prefill: bool
     ) -> int:
@@ -107,61 +200,67 @@ class ConsumeQueue:
         caller decides whether to rebuild. With ``allow_prefill`` an empty queue starting past
         entry 0 is padded with blank entries instead.
         """
-        if phy + size <= self.max_physic_offset:
-            return DUPLICATE
-        expected = queue_offset * ENTRY_SIZE
-        if not self.mfq.files and expected:
-            if not allow_prefill:
+        with self._lock:
+            mfq = self.mfq
+            if phy + size <= self.max_physic_offset:
+                return DUPLICATE
+            expected = queue_offset * ENTRY_SIZE
+            if not mfq.files and expected:
+                if not allow_prefill:
+                    return GAP
+                self._prefill(mfq, expected)
+            cur = mfq.max_offset
+            if expected < cur:
+                return DUPLICATE
+            if expected > cur:
                 return GAP
-            self._prefill(expected)
-        cur = self.mfq.max_offset
-        if expected < cur:
-            return DUPLICATE
-        if expected > cur:
-            return GAP
-        f = self.mfq.file_for_append(expected)
-        ENTRY.pack_into(f.mm, f.wrote, phy, size, tag_code)
-        f.wrote += ENTRY_SIZE
-        self.max_physic_offset = phy + size
-        return WRITTEN
+            f = mfq.file_for_append(expected)
+            ENTRY.pack_into(f.mm, f.wrote, phy, size, tag_code)
+            f.wrote += ENTRY_SIZE
+            self.max_physic_offset = phy + size
+            self._wrote(mfq)
+            return WRITTEN
 
     def put_run(self, first_queue_offset: int, entries: bytes, allow_prefill: bool) -> int:
         """Append packed entries at consecutive queue offsets from ``first_queue_offset`` on:
         what ``put`` of each entry in turn would write, in one copy per file. The entries this
         queue already holds are DUPLICATEs and skipped; GAP (nothing written) when entries are
         missing before the first new one."""
-        n = len(entries) // ENTRY_SIZE
-        skip = max(0, self.max_offset - first_queue_offset) if self.mfq.files else 0
-        while skip < n:  # a replay's entries, known by their CommitLog position
-            phy, size, _ = ENTRY.unpack_from(entries, skip * ENTRY_SIZE)
-            if phy + size > self.max_physic_offset:
-                break
-            skip += 1
-        if skip == n:
-            return DUPLICATE
-        expected = (first_queue_offset + skip) * ENTRY_SIZE
-        if not self.mfq.files and expected:
-            if not allow_prefill:
-                return GAP
-            self._prefill(expected)
-        if expected != self.mfq.max_offset:
-            return GAP if expected > self.mfq.max_offset else DUPLICATE
-        with memoryview(entries) as view:
-            rest = view[skip * ENTRY_SIZE :]
-            at = expected
-            while rest:
-                f = self.mfq.file_for_append(at)
-                take = min(len(rest), f.size - f.wrote)
-                f.mm[f.wrote : f.wrote + take] = rest[:take]
-                f.wrote += take
-                at += take
-                rest = rest[take:]
-        phy, size, _ = ENTRY.unpack_from(entries, (n - 1) * ENTRY_SIZE)
-        self.max_physic_offset = phy + size
-        return WRITTEN
+        with self._lock:
+            mfq = self.mfq
+            n = len(entries) // ENTRY_SIZE
+            skip = max(0, mfq.max_offset // ENTRY_SIZE - first_queue_offset) if mfq.files else 0
+            while skip < n:  # a replay's entries, known by their CommitLog position
+                phy, size, _ = ENTRY.unpack_from(entries, skip * ENTRY_SIZE)
+                if phy + size > self.max_physic_offset:
+                    break
+                skip += 1
+            if skip == n:
+                return DUPLICATE
+            expected = (first_queue_offset + skip) * ENTRY_SIZE
+            if not mfq.files and expected:
+                if not allow_prefill:
+                    return GAP
+                self._prefill(mfq, expected)
+            if expected != mfq.max_offset:
+                return GAP if expected > mfq.max_offset else DUPLICATE
+            with memoryview(entries) as view:
+                rest = view[skip * ENTRY_SIZE :]
+                at = expected
+                while rest:
+                    f = mfq.file_for_append(at)
+                    take = min(len(rest), f.size - f.wrote)
+                    f.mm[f.wrote : f.wrote + take] = rest[:take]
+                    f.wrote += take
+                    at += take
+                    rest = rest[take:]
+            phy, size, _ = ENTRY.unpack_from(entries, (n - 1) * ENTRY_SIZE)
+            self.max_physic_offset = phy + size
+            self._wrote(mfq)
+            return WRITTEN
 
-    def _prefill(self, expected: int) -> None:
-        f = self.mfq.file_for_append(expected)
+    def _prefill(self, mfq: MappedFileQueue, expected: int) -> None:
+        f = mfq.file_for_append(expected)
         pad = expected - f.base_offset
         if pad:
             f.mm[0:pad] = BLANK_ENTRY * (pad // ENTRY_SIZE)
@@ -171,36 +270,39 @@ class ConsumeQueue:
     # ----------------------------------------------------------------- read
     def get(self, queue_offset: int) -> tuple[int, int, int] | None:
         pos = queue_offset * ENTRY_SIZE
-        f = self.mfq.find_file(pos)
-        if f is None or pos - f.base_offset >= f.wrote:
-            return None
-        e: tuple[int, int, int] = ENTRY.unpack_from(f.mm, pos - f.base_offset)
-        return e
+        with self._lock:
+            f = self.mfq.find_file(pos)
+            if f is None or pos - f.base_offset >= f.wrote:
+                return None
+            e: tuple[int, int, int] = ENTRY.unpack_from(f.mm, pos - f.base_offset)
+            return e
 
     def read(self, queue_offset: int, max_count: int) -> list[tuple[int, int, int]]:
         """Up to ``max_count`` entries from ``queue_offset`` (fewer at a file end or the head)."""
         pos = queue_offset * ENTRY_SIZE
-        f = self.mfq.find_file(pos)
-        if f is None:
-            return []
-        start = pos - f.base_offset
-        stop = min(f.wrote, start + max_count * ENTRY_SIZE)
-        if stop <= start:
-            return []
-        return list(ENTRY.iter_unpack(f.mm[start:stop]))
+        with self._lock:
+            f = self.mfq.find_file(pos)
+            if f is None:
+                return []
+            start = pos - f.base_offset
+            stop = min(f.wrote, start + max_count * ENTRY_SIZE)
+            if stop <= start:
+                return []
+            return list(ENTRY.iter_unpack(f.mm[start:stop]))
 
     def read_raw(self, queue_offset: int, max_count: int) -> bytes:
         """``read``'s entries as the file holds them, packed (20 bytes each): for a reader that
         hands them to compiled code rather than unpacking each."""
         pos = queue_offset * ENTRY_SIZE
-        f = self.mfq.find_file(pos)
-        if f is None:
-            return b""
-        start = pos - f.base_offset
-        stop = min(f.wrote, start + max_count * ENTRY_SIZE)
-        if stop <= start:
-            return b""
-        return f.mm[start:stop]
+        with self._lock:
+            f = self.mfq.find_file(pos)
+            if f is None:
+                return b""
+            start = pos - f.base_offset
+            stop = min(f.wrote, start + max_count * ENTRY_SIZE)
+            if stop <= start:
+                return b""
+            return f.mm[start:stop]
 
     def _bsearch(self, lo: int, hi: int, pred: Callable[[int], bool]) -> int:
         """First queue offset in [lo, hi) where pred holds (pred monotone), else hi."""
@@ -230,42 +332,51 @@ class ConsumeQueue:
                 return False
             return store_time_of(e[0], e[1]) >= timestamp_ms
 
-        return self._bsearch(self.min_offset, self.max_offset, pred)
+        with self._lock:
+            return self._bsearch(self.min_offset, self.max_offset, pred)
 
     # ----------------------------------------------------------------- truncate / retention
     def truncate_phy(self, phy_offset: int) -> None:
         """Remove every entry pointing at or beyond ``phy_offset`` (zeroed, not just forgotten)."""
-        if self.max_physic_offset <= phy_offset and self.max_physic_offset >= 0:
-            return
-        cut_q = self._bsearch(self.min_offset, self.max_offset, self._phy_at_least(phy_offset))
-        cut = cut_q * ENTRY_SIZE
-        if cut >= self.mfq.max_offset:
-            return
-        self.mfq.truncate(cut)
-        self.mfq.set_positions(cut)
-        if not self.mfq.files:
-            self.min_logic_byte = 0
-        self.max_physic_offset = self._scan_max_phy()
+        with self._lock:
+            mfq = self.mfq
+            if self.max_physic_offset <= phy_offset and self.max_physic_offset >= 0:
+                return
+            cut_q = self._bsearch(self.min_offset, self.max_offset, self._phy_at_least(phy_offset))
+            cut = cut_q * ENTRY_SIZE
+            if cut >= mfq.max_offset:
+                return
+            mfq.truncate(cut)
+            mfq.set_positions(cut)
+            if not mfq.files:
+                self.min_logic_byte = 0
+            self.max_physic_offset = self._scan_max_phy()
 
     def correct_min_offset(self, commitlog_min: int) -> None:
-        self.min_logic_byte = ENTRY_SIZE * self._bsearch(
-            self.min_offset, self.max_offset, self._phy_at_least(commitlog_min)
-        )
+        with self._lock:
+            self.min_logic_byte = ENTRY_SIZE * self._bsearch(
+                self.min_offset, self.max_offset, self._phy_at_least(commitlog_min)
+            )
 
     def delete_expired(self, commitlog_min: int) -> int:
         """Delete head files whose last entry points below the CommitLog's minimum offset."""
-        count = 0
-        for f in self.mfq.files[:-1]:
-            (phy, size, _) = ENTRY.unpack_from(f.mm, f.size - ENTRY_SIZE)
-            if phy + size > commitlog_min and not is_blank(phy, size):
-                break
-            count += 1
-        deleted = len(self.mfq.delete_head(count))
-        self.correct_min_offset(commitlog_min)
-        return deleted
+        with self._lock:
+            mfq = self.mfq
+            count = 0
+            for f in mfq.files[:-1]:
+                (phy, size, _) = ENTRY.unpack_from(f.mm, f.size - ENTRY_SIZE)
+                if phy + size > commitlog_min and not is_blank(phy, size):
+                    break
+                count += 1
+            deleted = len(mfq.delete_head(count))
+            self.correct_min_offset(commitlog_min)
+            return deleted
 
     def flush(self, least_pages: int = 0) -> None:
-        self.mfq.flush(least_pages)
+        with self._lock:
+            self.mfq.flush(least_pages)
 
     def close(self) -> None:
-        self.mfq.close()
+        with self._lock:
+            if self._mfq is not None:
+                self._mfq.close()

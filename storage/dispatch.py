@@ -8,15 +8,13 @@ and the index skips messages it has indexed, so replaying a range writes the sam
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from tidemq.storage.commitlog import CommitLog
-from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, GAP, ConsumeQueue
+from tidemq.storage.consume_queue import ENTRY, ENTRY_SIZE, GAP
 from tidemq.storage.errors import CorruptRecordError, CorruptStoreError
 from tidemq.storage.index_service import IndexService
+from tidemq.storage.queue_store import ConsumeQueueStore
 from tidemq.storage.record import CORRUPT, END_OF_FILE, INCOMPLETE, OK
 from tidemq.storage.record.block import SpanScan, scan_span
 
@@ -45,66 +43,6 @@ class DispatchGapError(CorruptStoreError):
         )
         self.topic = topic
         self.queue_id = queue_id
-
-
-class ConsumeQueueStore:
-    """Every ConsumeQueue of the store, created on first use."""
-
-    def __init__(self, root_dir: str, entries_per_file: int) -> None:
-        self.root_dir = root_dir
-        self.entries_per_file = entries_per_file
-        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
-        # Queues whose files could not be loaded (one missing in the middle): removed at load,
-        # recovery rebuilds them from the CommitLog.
-        self.damaged: list[tuple[str, int]] = []
-        self._lock = threading.Lock()
-
-    def load(self) -> None:
-        top = os.path.join(self.root_dir, "consumequeue")
-        if not os.path.isdir(top):
-            return
-        for topic in sorted(os.listdir(top)):
-            tdir = os.path.join(top, topic)
-            if not os.path.isdir(tdir):
-                continue
-            for qid in sorted(os.listdir(tdir)):
-                if qid.isdigit():
-                    cq = ConsumeQueue(self.root_dir, topic, int(qid), self.entries_per_file)
-                    try:
-                        cq.load()
-                    except CorruptStoreError as e:
-                        log.warning("%s; the queue will be rebuilt from the CommitLog", e)
-                        shutil.rmtree(os.path.join(tdir, qid))
-                        self.damaged.append((topic, int(qid)))
-                        continue
-                    self.queues[topic, int(qid)] = cq
-
-    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
-        return self.queues.get((topic, queue_id))
-
-    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = self.queues.get((topic, queue_id))
-        if cq is None:
-            with self._lock:
-                cq = self.queues.get((topic, queue_id))
-                if cq is None:
-                    cq = ConsumeQueue(self.root_dir, topic, queue_id, self.entries_per_file)
-                    self.queues = {**self.queues, (topic, queue_id): cq}
-        return cq
-
-    def all(self) -> Iterable[ConsumeQueue]:
-        return list(self.queues.values())
-
-    def max_physic_offset(self) -> int:
-        return max((cq.max_physic_offset for cq in self.queues.values()), default=-1)
-
-    def flush(self, least_pages: int = 0) -> None:
-        for cq in self.all():
-            cq.flush(least_pages)
-
-    def close(self) -> None:
-        for cq in self.all():
-            cq.close()
 
 
 class Dispatcher:

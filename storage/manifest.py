@@ -16,9 +16,10 @@ from typing import Any
 from tidemq.storage import state_file
 from tidemq.storage.atomic_file import read_json_with_fallback, write_json_atomic
 from tidemq.storage.config import StoreConfig
-from tidemq.storage.dispatch import ConsumeQueueStore
+from tidemq.storage.consume_queue import ENTRY_SIZE, ConsumeQueue
 from tidemq.storage.errors import ConfigError
 from tidemq.storage.index_service import IndexService
+from tidemq.storage.queue_store import ConsumeQueueStore
 
 LAYOUT_FILE = "store.json"
 MANIFEST_FILE = os.path.join("consumequeue", "queues.json")
@@ -60,8 +61,11 @@ class Manifest:
 
     def __init__(self, root: str) -> None:
         self.root = root
-        self._keys: frozenset[tuple[str, int]] = frozenset()
+        self._version = -1  # the queue store's version when last written
         self._index_files = -1
+        # The ranges last read: what is written for a queue not mapped since the store opened
+        # (its entries are not read just to record them; its files were checked against these).
+        self._recorded: dict[tuple[str, int], tuple[int, int]] = {}
 
     def read(self) -> tuple[dict[tuple[str, int], tuple[int, int]], int]:
         """Queues with their (min, max) offsets, and the index's end offset, as last recorded."""
@@ -77,7 +81,7 @@ class Manifest:
             # Derived bookkeeping, as when it is unparsable: treated as absent, rewritten later.
             log.warning("%s has the wrong shape (%s): treated as absent", path, e)
             out, index_end = {}, -1
-        self._keys = frozenset(out)
+        self._recorded = out
         return out, index_end
 
     def write(
@@ -86,18 +90,32 @@ class Manifest:
         """Record which queues exist with their offset range, and how far the index reaches, so
         recovery notices lost files. Rewritten when the set of queues or of index files changes,
         after retention and truncation, and at shutdown (``force``)."""
-        keys = frozenset(queues.queues)
+        # A version, not the set of keys: comparing sets each period cost O(queues) per period.
+        version = queues.version
         index_files = len(index.files) if index is not None else 0
-        if not force and keys == self._keys and index_files == self._index_files:
+        if not force and version == self._version and index_files == self._index_files:
             return
         table: dict[str, dict[str, list[int]]] = {}
-        for (topic, qid), cq in queues.queues.items():
-            table.setdefault(topic, {})[str(qid)] = [cq.min_offset, cq.max_offset]
+        recorded = self._recorded
+        for key, cq in queues.items():
+            table.setdefault(key[0], {})[str(key[1])] = list(self._range(cq, recorded.get(key)))
         os.makedirs(os.path.join(self.root, "consumequeue"), exist_ok=True)
         index_end = index.end_phy_offset if index is not None else -1
         write_json_atomic(
             os.path.join(self.root, MANIFEST_FILE),
             {"queues": table, "index_end_phy_offset": index_end},
         )
-        self._keys = keys
+        self._version = version
         self._index_files = index_files
+
+    @staticmethod
+    def _range(cq: ConsumeQueue, recorded: tuple[int, int] | None) -> tuple[int, int]:
+        """What to record for ``cq`` without mapping it: its true range when mapped or written
+        here; else what was recorded before, or the start of its files (a floor never taken for
+        a loss)."""
+        if cq.mapped:
+            return cq.min_offset, cq.max_offset
+        first = cq.names_range[0] // ENTRY_SIZE
+        if cq.known:
+            return max(first, cq.min_logic_byte // ENTRY_SIZE), cq.max_offset
+        return recorded if recorded is not None else (first, first)

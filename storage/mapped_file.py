@@ -313,6 +313,15 @@ class MappedFile:
             self.flushed = done
         return self.flushed
 
+    def dup_for_sync(self) -> tuple[int, int] | None:
+        """(a duplicate of the descriptor, the committed position) for a flush made without
+        holding the file's owner's lock: the duplicate stays valid if the file is closed
+        meanwhile (the caller closes it). None when there is nothing to flush."""
+        done = self.committed
+        if done <= self.flushed or not self.writable or self.closed:
+            return None
+        return os.dup(self._fd), done
+
     def dirty_pages(self) -> int:
         return (self.committed - self.flushed) // PAGE_SIZE
 

@@ -17,13 +17,14 @@ from tidemq.storage.archive.reader import ArchiveReader
 from tidemq.storage.checkpoint import Checkpoint, write_checkpoint
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.config import FlushMode, StoreConfig
-from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.storage.dispatch import Dispatcher
 from tidemq.storage.dispatch_waiters import DispatchWaiters
 from tidemq.storage.errors import DiskFullError
 from tidemq.storage.failure import DISK_IO, FailureSignal, StoreFailure, disk_error
 from tidemq.storage.index_service import IndexService
 from tidemq.storage.manifest import Manifest
 from tidemq.storage.pages import POPULATE, PageCounters, PageStats
+from tidemq.storage.queue_store import ConsumeQueueStore
 from tidemq.storage.transient_pool import TransientStorePool
 
 
@@ -51,7 +52,15 @@ class StoreParts:
             lock_active=config.mlock_commitlog,
             counters=self.page_counters,
         )
-        self.queues = ConsumeQueueStore(self.root, config.consume_queue_entries_per_file)
+        commitlog = self.commitlog
+        self.queues = ConsumeQueueStore(
+            self.root,
+            config.consume_queue_entries_per_file,
+            config.consume_queue_max_open_files,
+            lambda: commitlog.min_offset,
+        )
+        commitlog.queue_offset_source = self.queues.next_queue_offset
+        commitlog.reset_queue_table()
         self.index: IndexService | None = (
             IndexService(
                 os.path.join(self.root, "index"), config.index_slot_num, config.index_max_num

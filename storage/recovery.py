@@ -25,10 +25,11 @@ from dataclasses import asdict, dataclass
 from tidemq.storage.checkpoint import Checkpoint
 from tidemq.storage.commitlog import CommitLog
 from tidemq.storage.consume_queue import ENTRY_SIZE
-from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher, DispatchGapError
+from tidemq.storage.dispatch import Dispatcher, DispatchGapError
 from tidemq.storage.errors import CorruptStoreError
 from tidemq.storage.index_rebuild import HelperIndexSink
 from tidemq.storage.index_service import IndexService
+from tidemq.storage.queue_store import ConsumeQueueStore
 from tidemq.storage.record import END_OF_FILE, OK, RecordInfo, check_record
 from tidemq.storage.truncation import EvidenceWriter, rewind_indexes, truncate_log
 
@@ -121,14 +122,12 @@ def recover(
     t0 = time.monotonic()
     # Index files lost since they were recorded: only a whole re-dispatch brings their keys back.
     index_lost = index is not None and index.end_phy_offset < index_end_expected
-    for queue in queues.all():
-        queue.recover()
+    # Queues are recovered one by one as they are first mapped (``queue_store``): here only
+    # their files' names are compared with the manifest.
     files = cl.mfq.files
     if not files:
         # No CommitLog, nothing can be referenced: drop every queue and index file.
-        for queue in queues.all():
-            queue.mfq.destroy()
-        queues.queues = {}
+        queues.destroy_all()
         if index is not None:
             index.trim_to(0)
         return RecoveryReport(
@@ -206,8 +205,7 @@ def recover(
             cut_reason,
             evidence.paths,
         )
-    for cq in queues.all():
-        cq.correct_min_offset(cl.min_offset)
+    queues.correct_min_offsets(cl.min_offset)
     return RecoveryReport(
         abnormal=abnormal,
         checkpoint_found=checkpoint is not None,
@@ -229,17 +227,19 @@ def recover(
 def _drop_damaged_queues(
     queues: ConsumeQueueStore, manifest: dict[tuple[str, int], tuple[int, int]]
 ) -> bool:
-    """Delete queues that lost files (shorter at either end than the manifest recorded, or not
-    loadable); True when any needs rebuilding from the whole log."""
+    """Delete queues that lost files (their files, by name, span less at either end than the
+    manifest recorded, or could not be loaded); True when any needs rebuilding from the whole
+    log. Names only: a queue's entries are read when it is first used (``queue_store``)."""
     damaged = bool(queues.damaged)
     for key, (min_q, max_q) in manifest.items():
         cq = queues.get(*key)
-        if cq is None or cq.mfq.min_offset // ENTRY_SIZE > min_q or cq.max_offset < max_q:
-            damaged = True
-            if cq is not None:
-                log.warning("ConsumeQueue %s/%d lost files; rebuilding it", *key)
-                cq.mfq.destroy()
-                del queues.queues[key]
+        if cq is not None:
+            first, end = cq.names_range
+            if first // ENTRY_SIZE <= min_q and end >= max_q * ENTRY_SIZE:
+                continue
+            log.warning("ConsumeQueue %s/%d lost files; rebuilding it", *key)
+            queues.drop(key)
+        damaged = True
     return damaged
 
 

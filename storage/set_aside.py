@@ -62,12 +62,11 @@ def restart_empty_at(parts: StoreParts, offset: int, extra: Sequence[str] = ()) 
             fsync_dir(root)
             # The same objects, emptied: readers, dispatch listeners and the flusher keep them.
             cl.mfq.files = []
-            cl.topic_queue_table = {}
+            cl.reset_queue_table()
             cl.last_store_timestamp_ms = 0
             cl.trusted_end = offset
             cl.last_write_raw = False
-            p.queues.queues = {}
-            p.queues.damaged = []
+            p.queues.reset()
             if p.index is not None:
                 p.index.load()
             d = p.dispatcher

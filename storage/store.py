@@ -452,7 +452,7 @@ class MessageStore:
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for topic, qid in sorted(self._parts.queues.queues):
+        for topic, qid in sorted(key for key, _ in self._parts.queues.items()):
             out.setdefault(topic, []).append(qid)
         return out
 

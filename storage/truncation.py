@@ -13,8 +13,9 @@ import os
 from tidemq.storage.atomic_file import fsync_dir
 from tidemq.storage.clock import now_ms
 from tidemq.storage.commitlog import CommitLog
-from tidemq.storage.dispatch import ConsumeQueueStore, Dispatcher
+from tidemq.storage.dispatch import Dispatcher
 from tidemq.storage.index_service import IndexService
+from tidemq.storage.queue_store import ConsumeQueueStore
 
 
 class EvidenceWriter:
@@ -49,11 +50,10 @@ def rewind_indexes(
 ) -> None:
     """ConsumeQueues and index forget every record at or past ``offset``; the topic queue table
     (the queue offset each queue's next message gets) follows the queues."""
-    for cq in queues.all():
-        cq.truncate_phy(offset)
+    queues.rewind(offset)
     if index is not None:
         index.trim_to(offset)
-    cl.topic_queue_table = {key: cq.max_offset for key, cq in queues.queues.items()}
+    cl.reset_queue_table()  # refilled from the queues as they are used
 
 
 def truncate_log(
