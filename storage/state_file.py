@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import logging
 import os
@@ -141,21 +142,33 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     return value  # a type the schema does not know: the dataclass's own checks judge it
 
 
+@functools.cache
+def _schema(cls: type) -> tuple[tuple[str, str, Any, bool], ...]:
+    """(field name, JSON key, type, required) of each init field: resolving the type hints
+    costs about 0.1 ms, paid once per class rather than once per object loaded."""
+    hints = typing.get_type_hints(cls)
+    return tuple(
+        (
+            f.name,
+            f.metadata.get("key", f.name),
+            hints[f.name],
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+        if f.init
+    )
+
+
 def _dataclass(cls: type, value: Any, where: str) -> Any:
     if not isinstance(value, dict):
         raise ShapeError(where, f"an object ({cls.__name__})", value)
-    hints = typing.get_type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        key = f.metadata.get("key", f.name)
+    for name, key, tp, required in _schema(cls):
         if key not in value:
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             if required:
                 raise ShapeError(_child(where, key), "a value (the key is missing)", None)
             continue
-        kwargs[f.name] = _convert(hints[f.name], value[key], _child(where, key))
+        kwargs[name] = _convert(tp, value[key], _child(where, key))
     return cls(**kwargs)
 
 

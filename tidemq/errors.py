@@ -159,6 +159,12 @@ class ProducerFenced(TidemqError):
     """Another producer with the same producer id and a newer epoch took over."""
 
 
+class LimitExceededError(TidemqError):
+    """The broker holds as many topics or consumer groups as its settings allow
+    (``max_topics``, ``max_groups``); the message names the setting. Not retriable: the same
+    call fails until something is deleted or the limit raised."""
+
+
 _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.INVALID_ARGUMENT: InvalidArgumentError,
     common_pb2.INVALID_TOPIC: InvalidArgumentError,
@@ -193,6 +199,7 @@ _BY_CODE: dict[int, type[TidemqError]] = {
     common_pb2.TRANSACTION_ALREADY_RESOLVED: TransactionAlreadyResolved,
     common_pb2.SEQUENCE_GAP: SequenceGap,
     common_pb2.PRODUCER_FENCED: ProducerFenced,
+    common_pb2.LIMIT_EXCEEDED: LimitExceededError,
     common_pb2.UNAUTHENTICATED: AuthenticationError,
     common_pb2.ACCESS_DENIED: PermissionDeniedError,
 }

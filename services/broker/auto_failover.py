@@ -29,6 +29,7 @@ from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.config_sync import ConfigSync
 from tidemq.services.broker.failover import FailoverAgent, FailoverSettings
 from tidemq.services.broker.failover_znodes import GroupPaths, Leader
+from tidemq.services.broker.limits import LimitExceededError
 from tidemq.services.broker.receive.dead_letter import is_system_topic
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
@@ -138,7 +139,8 @@ class AutomaticFailover:
             # The broker's own logs (%SYS%RECEIVE_LOG) have queues but are no topic.
             if self.topics.get(topic) is None and not is_system_topic(topic):
                 n = max(queue_ids) + 1
-                with contextlib.suppress(ValueError):
+                # LimitExceededError: this broker's max_topics is below what its master held.
+                with contextlib.suppress(ValueError, LimitExceededError):
                     self.topics.upsert(TopicConfig(topic, n, n))
                     log.warning(
                         "topic %s had messages but no config here (created after the last "

@@ -13,10 +13,12 @@ CONSUME_MODEL_MISMATCH until an operator changes the model (``update``). The **s
 delivery attempts, retry policy, FIFO, consume enabled) matter to receive groups; a group gets
 the defaults when it is created, and files written before they existed load with them.
 
-A change is written atomically before the call that caused it is answered. Only real changes
-write: a group's topics only grow (members of one group disagreeing on subscriptions cannot make
-the table flap), and a mode, model or settings change is a change. Only the master writes;
-a slave's table is its master's.
+A change is journaled (one fsync'd append to ``subscriptionGroup.json.journal``; the format is
+``journaled_table``'s) before the call that caused it is answered. Only real changes write: a
+group's topics only grow (members of one group disagreeing on subscriptions cannot make the
+table flap), and a mode, model or settings change is a change. Only the master writes; a
+slave's table is its master's (``replace_all``, or ``apply_changes`` with what changed).
+Creating a group past ``max_groups`` raises ``LimitExceededError`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -29,16 +31,22 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tidemq.protos import broker_pb2
+from tidemq.services.broker import state_journal
+from tidemq.services.broker.journaled_table import JournaledTable, journal_path
+from tidemq.services.broker.journaled_table import replay as replay_journal
+from tidemq.services.broker.limits import DEFAULT_MAX_GROUPS, too_many_groups
 from tidemq.services.broker.receive.dead_letter import dlq_topic_problem
 from tidemq.services.broker.receive.retry_policy import RetryPolicy
 from tidemq.services.broker.topics import DataVersion
 from tidemq.services.errors import invalid, model_mismatch
 from tidemq.storage import state_file
-from tidemq.storage.atomic_file import write_json_atomic
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "subscriptionGroup.json"
+JOURNAL_NAME = FILE_NAME + ".journal"
+# Group changes remembered for incremental config sync; a slave further behind gets them all.
+CHANGE_LOG_ENTRIES = 20_000
 
 DEFAULT_MAX_DELIVERY_ATTEMPTS = 16
 MAX_DELIVERY_ATTEMPTS_LIMIT = 1000
@@ -84,6 +92,17 @@ class GroupsFile:
 
     groups: list[SubscriptionGroup]
     data_version: DataVersion = field(default_factory=DataVersion)
+    # The last journal record the snapshot holds (absent in files older than the journal).
+    journal_seq: int = 0
+
+
+@dataclass(frozen=True)
+class GroupChanges:
+    """What changed in the group table after some data version, and the version it leads to."""
+
+    upserted: list[SubscriptionGroup]
+    removed: list[str]
+    data_version: DataVersion
 
 
 def fix_hint(store_dir: str) -> str:
@@ -91,14 +110,37 @@ def fix_hint(store_dir: str) -> str:
         f"`tidemq broker repair-state --store {store_dir} --from-peer HOST:PORT` copies the "
         f"groups of a running broker of the group, or `--reset groups` starts with none (each "
         f"group is recorded again at its consumers' next heartbeat, with default settings); "
-        f"either keeps the bad file as {FILE_NAME}.corrupt-<time>"
+        f"either keeps the bad files as {FILE_NAME}[.journal].corrupt-<time>"
     )
 
 
-def load_groups(store_dir: str) -> GroupsFile | None:
-    """The stored groups (None when none were ever written); StateFileError when damaged."""
+def _group_of_json(value: Any) -> SubscriptionGroup:
+    return state_file.from_json(SubscriptionGroup, value, "'put'")
+
+
+def _name(g: SubscriptionGroup) -> str:
+    return g.group
+
+
+def _load(store_dir: str) -> tuple[GroupsFile, state_journal.Replay, bool]:
+    """Snapshot plus journal: (the table, the replay, whether anything was stored)."""
     path = os.path.join(store_dir, "config", FILE_NAME)
-    return state_file.load(path, GroupsFile, fix_hint(store_dir))
+    fix = fix_hint(store_dir)
+    stored = state_file.load(path, GroupsFile, fix)
+    base = stored or GroupsFile([])
+    table = {g.group: g for g in base.groups}
+    read, version, seq = replay_journal(
+        path, fix, table, replace(base.data_version), base.journal_seq, _group_of_json, _name
+    )
+    found = stored is not None or bool(read.records)
+    return GroupsFile(sorted(table.values(), key=_name), version, seq), read, found
+
+
+def load_groups(store_dir: str) -> GroupsFile | None:
+    """The stored groups, snapshot and journal (None when none were ever written);
+    StateFileError when damaged."""
+    stored, _, found = _load(store_dir)
+    return stored if found else None
 
 
 def _model(model: int) -> int:
@@ -106,19 +148,41 @@ def _model(model: int) -> int:
     return model or OFFSETS
 
 
-@dataclass
 class SubscriptionGroupManager:
-    store_dir: str
-    groups: dict[str, SubscriptionGroup] = field(default_factory=dict)
-    data_version: DataVersion = field(default_factory=DataVersion)
-
-    def __post_init__(self) -> None:
-        self.path = os.path.join(self.store_dir, "config", FILE_NAME)
+    def __init__(self, store_dir: str, *, max_groups: int = DEFAULT_MAX_GROUPS) -> None:
+        self.store_dir = store_dir
+        self.max_groups = max_groups
+        self.path = os.path.join(store_dir, "config", FILE_NAME)
         self._lock = threading.Lock()
-        stored = load_groups(self.store_dir)
-        if stored is not None:
-            self.groups = {g.group: g for g in stored.groups}
-            self.data_version = stored.data_version
+        stored, read, _ = _load(store_dir)
+        self._table: JournaledTable[SubscriptionGroup] = JournaledTable(
+            self.path,
+            fix_hint(store_dir),
+            "groups",
+            {g.group: g for g in stored.groups},
+            stored.data_version,
+            stored.journal_seq,
+            read,
+            _name,
+            asdict,
+            CHANGE_LOG_ENTRIES,
+        )
+
+    @property
+    def groups(self) -> dict[str, SubscriptionGroup]:
+        return self._table.items
+
+    @property
+    def data_version(self) -> DataVersion:
+        return self._table.version
+
+    @property
+    def journal_path(self) -> str:
+        return journal_path(self.path)
+
+    @property
+    def bytes_written(self) -> int:
+        return self._table.bytes_written
 
     def get(self, group: str) -> SubscriptionGroup | None:
         return self.groups.get(group)
@@ -158,7 +222,7 @@ class SubscriptionGroupManager:
                 merged = tuple(sorted(set(topics) | set(old.topics)))
                 new = replace(old, topics=merged, model=model)
             if new != old:
-                self._put(new)
+                self._put(new, created=old is None)
             return new
 
     def observe(
@@ -177,7 +241,7 @@ class SubscriptionGroupManager:
                 new = replace(old, mode=mode, topics=merged, model=model)
             if new == old:
                 return False
-            self._put(new)
+            self._put(new, created=old is None)
             return True
 
     def update(
@@ -213,14 +277,15 @@ class SubscriptionGroupManager:
             if value is not None
         }
         with self._lock:
-            old = self.groups.get(group) or SubscriptionGroup(group, 0, (), now_ms)
+            known = self.groups.get(group)
+            old = known or SubscriptionGroup(group, 0, (), now_ms)
             new = replace(
                 old,
                 settings=replace(old.settings, **changes),  # validates: ValueError
                 model=old.model if model is None else model,
             )
-            if new != self.groups.get(group):
-                self._put(new)
+            if new != known:
+                self._put(new, created=known is None)
             return new
 
     def delete(self, group: str) -> bool:
@@ -229,10 +294,22 @@ class SubscriptionGroupManager:
         with self._lock:
             if group not in self.groups:
                 return False
-            self.groups = {k: v for k, v in self.groups.items() if k != group}
-            self.data_version.bump()
-            self._persist()
+            self._table.change(dels=[group])
             return True
+
+    def had_version(self, version: DataVersion) -> bool:
+        """Whether ``version`` (counter and timestamp) is one this table had, as far as the
+        change log reaches: config sync answers changes only to a slave at such a version."""
+        with self._lock:
+            return self._table.had(version)
+
+    def changes_since(self, version: DataVersion) -> GroupChanges | None:
+        """The changes after ``version``; None when not all known (the caller takes all)."""
+        with self._lock:
+            found = self._table.changes_since(version)
+            if found is None:
+                return None
+            return GroupChanges(found[0], found[1], replace(self.data_version))
 
     def replace_all(self, groups: Iterable[SubscriptionGroup], version: DataVersion) -> bool:
         """Config sync: the master's table and version; returns whether anything changed."""
@@ -240,30 +317,30 @@ class SubscriptionGroupManager:
         with self._lock:
             if table == self.groups and version == self.data_version:
                 return False
-            self.groups = table
-            self.data_version = DataVersion(**asdict(version))
-            self._persist()
+            self._table.replace_all(table, version)
             return True
 
+    def apply_changes(self, changes: GroupChanges, since: DataVersion) -> bool | None:
+        """Config sync: the master's changes after ``since`` (see ``TopicManager.apply_changes``);
+        None when this table is no longer at ``since``. No limit applies on a slave."""
+        with self._lock:
+            return self._table.apply_changes(
+                list(changes.upserted), changes.removed, since, changes.data_version
+            )
+
     def all(self) -> list[SubscriptionGroup]:
-        return sorted(self.groups.values(), key=lambda g: g.group)
+        with self._lock:  # changes mutate the table in place
+            groups = list(self.groups.values())
+        return sorted(groups, key=_name)
 
-    def _put(self, group: SubscriptionGroup) -> None:
-        # Callers hold the lock. The table is replaced, never changed in place: readers on
-        # other threads (metrics) iterate a table that nobody mutates.
-        self.groups = {**self.groups, group.group: group}
-        self.data_version.bump()
-        self._persist()
+    def close(self) -> None:
+        self._table.close()
 
-    def _persist(self) -> None:
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_json_atomic(
-            self.path,
-            {
-                "groups": [asdict(g) for g in self.all()],
-                "data_version": asdict(self.data_version),
-            },
-        )
+    def _put(self, group: SubscriptionGroup, *, created: bool) -> None:
+        # Callers hold the lock and have changed nothing yet: a refusal leaves all as it was.
+        if created and len(self.groups) >= self.max_groups:
+            raise too_many_groups(group.group, self.max_groups)
+        self._table.change([group])
 
 
 # ------------------------------------------------------------------ the wire (config sync, admin)

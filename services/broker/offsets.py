@@ -1,7 +1,13 @@
 """Committed consumer offsets, persisted as ``{store}/config/consumerOffset.json``.
 
 Commits land in memory at once and reach disk atomically every ``flush_interval`` (5 s, the
-broker's scheduler calls ``persist``) and at shutdown, as RocketMQ's ConsumerOffsetManager.
+broker's scheduler calls ``persist``) and at shutdown, as RocketMQ's ConsumerOffsetManager. A
+period without a change writes nothing; one with changes rewrites the table once, whatever the
+number of commits (docs/operations.md, "Limits", has the cost at 40,000 queue offsets).
+
+Config sync sends what changed: every change of a queue's offset takes the next number of a
+per-process count (``seq``; ``instance`` tells one process's count from another's), and
+``changes_since`` answers the offsets changed after a count, oldest change first.
 
 Brokers of a group exchange their tables both ways (config sync, ``merge``) and must agree
 without trusting each other's clocks (RocketMQ #1094). Each offset carries a version,
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -64,6 +71,9 @@ class CommittedOffset:
 class MergeResult:
     taken: int  # entries the other broker's table set or moved forward here
     kept: int  # local entries ahead of the other broker's (it takes them in its turn)
+    # The change count before and after the merge (nothing else changed in between).
+    seq_before: int = 0
+    seq_after: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,12 @@ class OffsetManager:
         # "topic@group" -> queue id -> reset generation (absent: 0)
         self.generations: dict[str, dict[int, int]] = {}
         self._dirty = False
+        # Changes are counted from 0 in each process: a reader's count from another process
+        # (before a restart) means nothing here, and the instance tells.
+        self.instance = random.getrandbits(62) + 1
+        self.seq = 0
+        # (key, queue id) -> seq of its last change, in the order of those changes.
+        self._changed_at: dict[tuple[str, int], int] = {}
         stored = load_offsets(store_dir)
         if stored is not None:
             self.table = {k: dict(v) for k, v in stored.offset_table.items()}
@@ -132,6 +148,10 @@ class OffsetManager:
         if version.generation:
             self.generations.setdefault(key, {})[queue_id] = version.generation
         self._dirty = True
+        self.seq += 1
+        # Re-inserted, so the dict stays in the order of the last changes.
+        self._changed_at.pop((key, queue_id), None)
+        self._changed_at[(key, queue_id)] = self.seq
 
     def commit(
         self, group: str, topic: str, queue_id: int, offset: int, *, reset: bool = False
@@ -156,17 +176,42 @@ class OffsetManager:
 
     def entries(self) -> list[CommittedOffset]:
         with self._lock:
-            return [
-                CommittedOffset(group, topic, q, o, self.generations.get(key, {}).get(q, 0))
-                for key, queues in self.table.items()
-                for topic, _, group in [key.partition("@")]
-                for q, o in queues.items()
-            ]
+            return self._entries()
+
+    def _entries(self) -> list[CommittedOffset]:
+        return [
+            CommittedOffset(group, topic, q, o, self.generations.get(key, {}).get(q, 0))
+            for key, queues in self.table.items()
+            for topic, _, group in [key.partition("@")]
+            for q, o in queues.items()
+        ]
+
+    def changes_since(self, instance: int, seq: int) -> tuple[list[CommittedOffset], int] | None:
+        """The offsets changed after change ``seq`` of ``instance`` and the count they lead to;
+        None when that count is not this process's (a restart, another broker)."""
+        with self._lock:
+            if instance != self.instance or not 0 <= seq <= self.seq:
+                return None
+            changed = []
+            for (key, q), at in reversed(self._changed_at.items()):
+                if at <= seq:
+                    break
+                topic, _, group = key.partition("@")
+                gen = self.generations.get(key, {}).get(q, 0)
+                changed.append(CommittedOffset(group, topic, q, self.table[key][q], gen))
+            changed.reverse()
+            return changed, self.seq
+
+    def entries_at(self) -> tuple[list[CommittedOffset], int]:
+        """Every offset, and the change count they are at (``changes_since`` goes on from it)."""
+        with self._lock:
+            return self._entries(), self.seq
 
     def merge(self, other: Iterable[CommittedOffset]) -> MergeResult:
         """Take another broker's offsets where they supersede ours (``supersedes``)."""
         taken = kept = 0
         with self._lock:
+            before = self.seq
             for r in other:
                 key = self.key(r.topic, r.group)
                 local = self._version(key, r.queue_id)
@@ -175,7 +220,7 @@ class OffsetManager:
                     taken += 1
                 elif local != r.version:
                     kept += 1
-        return MergeResult(taken, kept)
+            return MergeResult(taken, kept, before, self.seq)
 
     def drop_topics(self, topics: Iterable[str]) -> int:
         """Forget every group's offsets of ``topics`` (deleted topics: ``offset_cleanup``);
@@ -184,7 +229,9 @@ class OffsetManager:
         dropped = 0
         with self._lock:
             for key in [k for k in self.table if k.partition("@")[0] in gone]:
-                dropped += len(self.table.pop(key))
+                for q in self.table.pop(key):
+                    self._changed_at.pop((key, q), None)
+                    dropped += 1
                 self.generations.pop(key, None)
                 self._dirty = True
         return dropped

@@ -32,6 +32,7 @@ from tidemq.protos.tls import TlsSettings, sync_channel
 from tidemq.replication import epochs
 from tidemq.services.broker import groups, offsets, topics
 from tidemq.services.broker.config_sync import offsets_of, topic_of, version_of
+from tidemq.services.broker.journaled_table import journal_path
 from tidemq.storage.cli import exits_on_store_error
 from tidemq.storage.lock import StoreLock
 from tidemq.storage.state_file import StateFileError, move_aside
@@ -55,6 +56,12 @@ def state_paths(store_dir: str) -> dict[str, str]:
         "groups": os.path.join(config, groups.FILE_NAME),
         "epochs": os.path.join(store_dir, epochs.FILE_NAME),
     }
+
+
+def _move_aside(path: str) -> list[str]:
+    """The file, its ``.bak`` and its journal (topics, groups): a reset or a copy from a peer
+    starts from none of them."""
+    return move_aside(path) + move_aside(journal_path(path))
 
 
 def _loaders(store_dir: str) -> dict[str, Callable[[], object]]:
@@ -96,7 +103,7 @@ def reset(store_dir: str, kind: str) -> list[str]:
     """Move ``kind``'s file aside and start it afresh; returns what was done, for people."""
     path = state_paths(store_dir)[kind]
     done = [
-        f"moved {os.path.basename(path)} aside as {os.path.basename(m)}" for m in move_aside(path)
+        f"moved {os.path.basename(path)} aside as {os.path.basename(m)}" for m in _move_aside(path)
     ]
     if kind == "topics":
         rebuilt = store_topics(store_dir)
@@ -128,7 +135,7 @@ def from_peer(store_dir: str, address: str, damaged: set[str]) -> list[str]:
     done = []
     for kind in ("topics", "groups", "offsets"):
         if kind in damaged:
-            for m in move_aside(paths[kind]):
+            for m in _move_aside(paths[kind]):
                 done.append(f"moved {os.path.basename(paths[kind])} aside as {os.path.basename(m)}")
     if "topics" in damaged:
         t = topics.TopicManager(store_dir)

@@ -48,6 +48,8 @@ _CODES: dict[int, int] = {
     E.SEQUENCE_GAP: C.BAD_REQUEST,
     E.PRODUCER_FENCED: C.BAD_REQUEST,
     E.CORRUPT_RECORD: C.INTERNAL_ERROR,
+    # A broker at its max_topics or max_groups: not a client's mistake, and no retry helps.
+    E.LIMIT_EXCEEDED: C.PRECONDITION_FAILED,
     # Official clients retry a read that failed this way.
     E.ARCHIVE_UNAVAILABLE: C.PROXY_TIMEOUT,
     E.INTERNAL: C.INTERNAL_ERROR,
