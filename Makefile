@@ -149,6 +149,7 @@ bench: venv $(ROCKETMQ_STAMP)
 	$(PY) bench/console_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/store_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/archive_bench.py --perfkit $(PERFKIT) --s3
+	$(PY) bench/scale_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/services_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/replication_bench.py --perfkit $(PERFKIT)
 	$(PY) bench/receive_bench.py --perfkit $(PERFKIT)

@@ -12,8 +12,8 @@ from typing import Any
 from tidemq.services import tls_flags
 from tidemq.services.allocator import retain_freed_memory
 from tidemq.services.auth import flags as auth_flags
+from tidemq.services.broker import cli_limits, repair
 from tidemq.services.broker import config as broker_config
-from tidemq.services.broker import repair
 from tidemq.services.broker.server import serve
 from tidemq.services.dev import die_with_parent
 from tidemq.storage.cli import exits_on_store_error
@@ -226,6 +226,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[
         default=None,
         help="consumers of this master see only what in-sync slaves hold",
     )
+    cli_limits.add_flags(p)
     p.add_argument(
         "--config-sync-interval-ms",
         type=int,
@@ -420,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
         "auth_max_clock_skew_ms",
         "access_key",
     )
-    overrides: dict[str, Any] = {k: getattr(args, k) for k in keys}
+    overrides: dict[str, Any] = {k: getattr(args, k) for k in keys + cli_limits.KEYS}
     # The --ha-* flags and --confirm-offset land in the config's replication table.
     overrides["replication"] = {
         k.removeprefix("replication."): v

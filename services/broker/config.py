@@ -17,7 +17,7 @@ from tidemq.protos.signing import ENV_SECRET_KEY, Credentials
 from tidemq.protos.tls import ServerTls, TlsConfigError, TlsSettings
 from tidemq.replication import ReplicationConfig
 from tidemq.services.auth import acl
-from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver import zk_format, zk_settings
 from tidemq.storage import state_file
 from tidemq.storage.archive.config import ArchiveConfig
 from tidemq.storage.config import FlushMode
@@ -86,9 +86,9 @@ class BrokerConfig:
     # ZooKeeper registry: HOST:PORT[,HOST:PORT...][/chroot]. Set, the broker keeps an ephemeral
     # znode under <zk_root> (beside heartbeats to ``nameservers``, if any); empty, heartbeats only.
     zk_hosts: str = ""
-    zk_root: str = zk_format.DEFAULT_ROOT
+    zk_root: str = zk_settings.DEFAULT_ROOT
     # A SIGKILLed broker leaves the routes this long after its death (plus up to 2 server ticks).
-    zk_session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
+    zk_session_timeout_ms: int = zk_settings.DEFAULT_SESSION_TIMEOUT_MS
     # digest:USER:PASSWORD or @FILE holding it (docs/security.md): the broker writes its znodes
     # as this ZooKeeper identity, which alone may change them; empty: open znodes.
     zk_auth: str = field(default="", repr=False)
@@ -101,7 +101,8 @@ class BrokerConfig:
     # A slave copies topics, subscription groups and consumer offsets from its master this
     # often, and sends every table regardless of data versions at least every full interval.
     config_sync_interval_ms: int = 3_000
-    config_full_sync_interval_ms: int = 60_000
+    # Whole tables, as a check on the incremental syncs between: 100,000 topics are ~5 MB.
+    config_full_sync_interval_ms: int = 600_000
     # Automatic failover (docs/failover.md): "auto" elects the group's master through
     # ZooKeeper (``role`` is then the kind of master this broker acts as when elected, and
     # broker ids are > 0); "classic" keeps fixed roles.
@@ -166,6 +167,16 @@ class BrokerConfig:
     # ago are dropped, and messages in/out per topic per day are kept for daily_stats_days days.
     deleted_topic_offsets_grace_ms: int = 3_600_000
     daily_stats_days: int = 30
+    # Limits (docs/operations.md, "Limits"): creating a topic or consumer group past these is
+    # refused with RESOURCE_EXHAUSTED / LIMIT_EXCEEDED, naming the setting. A slave copies its
+    # master's tables whatever its own limits.
+    max_topics: int = 200_000
+    max_groups: int = 50_000
+    # Per-queue series in /metrics (tidemq_queue_*_offset, and tidemq_consumer_offset and
+    # tidemq_consumer_queue_lag_messages per group) at most this many each; the rest are
+    # counted in tidemq_metrics_queue_series_omitted. 400,000 queues would make a scrape of
+    # tens of MB and seconds of CPU.
+    metrics_queue_series_max: int = 20_000
     # Archive instead of only delete (docs/archive.md): an [archive] table (uri, default_policy,
     # compression, ...; ``storage.archive.config``); a topic's own policy is its
     # ``retention.policy`` attribute. None: retention deletes, as RocketMQ does.
@@ -227,6 +238,9 @@ class BrokerConfig:
             "idempotence_max_producers",
             "deleted_topic_offsets_grace_ms",
             "daily_stats_days",
+            "max_topics",
+            "max_groups",
+            "metrics_queue_series_max",
         ):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0")
@@ -280,7 +294,7 @@ class BrokerConfig:
 
     @property
     def zk_digest(self) -> tuple[str, str] | None:
-        return zk_format.parse_auth(self.zk_auth) if self.zk_auth else None
+        return zk_settings.parse_auth(self.zk_auth) if self.zk_auth else None
 
     @property
     def mutual_tls(self) -> bool:
@@ -326,11 +340,11 @@ class BrokerConfig:
 
     def _zk_problems(self) -> list[str]:
         checks: list[Callable[[], object]] = [
-            lambda: zk_format.check_root(self.zk_root),
-            lambda: zk_format.check_session_timeout_ms(self.zk_session_timeout_ms),
+            lambda: zk_settings.check_root(self.zk_root),
+            lambda: zk_settings.check_session_timeout_ms(self.zk_session_timeout_ms),
         ]
         if self.zk_auth:
-            checks.append(lambda: zk_format.parse_auth(self.zk_auth))
+            checks.append(lambda: zk_settings.parse_auth(self.zk_auth))
         problems = []
         if self.zk_tls and not self.zk_hosts:
             problems.append("zk_tls needs ZooKeeper (zk_hosts)")
@@ -340,7 +354,7 @@ class BrokerConfig:
                 "tls_ca_file ZooKeeper's certificate chains to)"
             )
         if self.zk_hosts:
-            checks.append(lambda: zk_format.check_hosts(self.zk_hosts))
+            checks.append(lambda: zk_settings.check_hosts(self.zk_hosts))
             checks.append(
                 lambda: zk_format.node_path(
                     self.zk_root, self.cluster, self.broker_name, self.broker_id
@@ -349,7 +363,7 @@ class BrokerConfig:
         for check in checks:
             try:
                 check()
-            except zk_format.ZooKeeperConfigError as e:
+            except zk_settings.ZooKeeperConfigError as e:
                 problems.append(str(e))
         return problems
 

@@ -11,7 +11,7 @@ from tidemq.services.broker.config import BrokerConfig
 from tidemq.services.broker.idempotence.stamp import PRODUCER_SEQ_PROPERTY
 from tidemq.services.broker.receive.dead_letter import is_system_topic
 from tidemq.services.broker.role import RoleState
-from tidemq.services.broker.topics import TopicConfig, TopicManager
+from tidemq.services.broker.topics import DataVersion, TopicConfig, TopicManager
 from tidemq.services.errors import invalid
 from tidemq.storage import Message, PutStatus, StoredMessage
 from tidemq.storage.config import parse_host
@@ -131,8 +131,12 @@ def topic_protos(topics: TopicManager) -> list[Any]:
     return [topic_proto(t) for t in topics.all() if not is_system_topic(t.topic)]
 
 
-def broker_info(config: BrokerConfig, topics: TopicManager, role: RoleState) -> Any:
-    dv = topics.data_version
+def broker_info(
+    config: BrokerConfig, topics: TopicManager, role: RoleState, version: DataVersion | None = None
+) -> Any:
+    """What a registration says of the broker; ``version`` is the topic data version it
+    registers (the table's current one by default)."""
+    dv = version or topics.data_version
     return common_pb2.BrokerInfo(
         identity=common_pb2.BrokerIdentity(
             cluster=config.cluster, broker_name=config.broker_name, broker_id=role.registered_id

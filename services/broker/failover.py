@@ -41,7 +41,7 @@ from tidemq.replication.election import (
 from tidemq.services.broker import failover_znodes as zn
 from tidemq.services.broker.failover_zk import GroupView, GroupZnodes
 from tidemq.services.broker.role import RoleState
-from tidemq.services.broker.zk_registration import ZnodeHeldElsewhereError, ZnodeRaceError
+from tidemq.services.broker.zk_leaf import ZnodeHeldElsewhereError, ZnodeRaceError
 from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge
 from tidemq.storage.clock import monotonic_ms
 

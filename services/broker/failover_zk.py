@@ -17,7 +17,7 @@ from kazoo.exceptions import BadVersionError, NoNodeError
 
 from tidemq.replication.election import Candidate, GroupState
 from tidemq.services.broker import failover_znodes as zn
-from tidemq.services.broker.zk_registration import sync_znode
+from tidemq.services.broker.zk_leaf import sync_znode
 
 log = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ and replication (``StateCollector``), and the retention counters (``RetentionCol
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -74,8 +75,7 @@ class StateCollector:
             fam["failed"].add_metric([reason], 1 if failure and failure.reason == reason else 0)
         fam["dispatch_disk_full"].add_metric([], 1 if self.store.dispatch_stalled else 0)
         fam["queues"].add_metric([], st.queues)
-        topics = self.topics.all()
-        fam["topics"].add_metric([], len(topics))
+        fam["topics"].add_metric([], len(self.topics.topics))
         stamp_ms = now_ms()
         live: set[str] = set()
         for members in self.clients.groups.copy().values():
@@ -85,26 +85,40 @@ class StateCollector:
                 if stamp_ms - m.last_seen_ms <= self.clients.expiry_ms
             )
         fam["clients"].add_metric([], len(live))
+        room = self.config.metrics_queue_series_max
+        # Queues the store holds, not every queue configured: a queue never written to has
+        # offsets 0 and no series, so a broker of 100,000 idle topics costs a scrape nothing.
         max_offsets: dict[tuple[str, int], int] = {}
-        for t in topics:
-            for q in range(t.read_queue_nums):
-                hi = max_offsets[t.topic, q] = self.store.max_offset(t.topic, q)
-                fam["q_max"].add_metric([t.topic, str(q)], hi)
-                fam["q_min"].add_metric([t.topic, str(q)], self.store.min_offset(t.topic, q))
+        for topic, queue_ids in self.store.topics().items():
+            config = self.topics.get(topic)
+            if config is None:
+                continue
+            for q in queue_ids:
+                if q < config.read_queue_nums:
+                    max_offsets[topic, q] = self.store.max_offset(topic, q)
+        for (topic, q), hi in list(max_offsets.items())[:room]:
+            fam["q_max"].add_metric([topic, str(q)], hi)
+            fam["q_min"].add_metric([topic, str(q)], self.store.min_offset(topic, q))
+        fam["omitted"].add_metric(["queue"], max(len(max_offsets) - room, 0))
         lag: Tally[tuple[str, str]] = Tally()
-        for key, queues in sorted(self.offsets.table.copy().items()):
+        behind_by_queue: list[tuple[int, list[str], int]] = []
+        for key, queues in self.offsets.table.copy().items():
             topic, _, group = key.partition("@")
-            for q, committed in sorted(queues.copy().items()):
+            for q, committed in queues.copy().items():
                 end = max_offsets.get((topic, q))
                 if end is None:  # offsets of deleted topics or vanished queues are history
                     continue
                 behind = max(end - committed, 0)
                 lag[group, topic] += behind
-                # Per queue as well: one stuck queue hides in a topic's sum while the others
-                # move. Bounded by the topic's queues, as tidemq_queue_max_offset is.
-                labels = [group, topic, str(q)]
-                fam["q_committed"].add_metric(labels, committed)
-                fam["q_lag"].add_metric(labels, behind)
+                behind_by_queue.append((behind, [group, topic, str(q)], committed))
+        # Per queue as well: one stuck queue hides in a topic's sum while the others move.
+        # Past the limit, the queues furthest behind are the ones shown.
+        fam["omitted"].add_metric(["consumer_queue"], max(len(behind_by_queue) - room, 0))
+        if len(behind_by_queue) > room:
+            behind_by_queue = heapq.nlargest(room, behind_by_queue, key=lambda x: x[0])
+        for behind, labels, committed in sorted(behind_by_queue, key=lambda x: x[1]):
+            fam["q_committed"].add_metric(labels, committed)
+            fam["q_lag"].add_metric(labels, behind)
         for (group, topic), n in sorted(lag.items()):
             fam["lag"].add_metric([group, topic], n)
         fam["groups"].add_metric([], len(self.groups.groups))
@@ -247,6 +261,13 @@ _STATE_METRICS: dict[str, tuple[str, str, Sequence[str]]] = {
         ("group", "topic", "queue_id"),
     ),
     "groups": ("tidemq_subscription_groups", "Subscription groups known to this broker", ()),
+    "omitted": (
+        "tidemq_metrics_queue_series_omitted",
+        "Queues left out of the per-queue series past metrics_queue_series_max, by kind: queue "
+        "(tidemq_queue_*_offset) or consumer_queue (tidemq_consumer_offset and "
+        "tidemq_consumer_queue_lag_messages, which keep the queues furthest behind)",
+        ("kind",),
+    ),
     # Master side: one series per connected slave.
     "lag_bytes": (
         "tidemq_replication_slave_lag_bytes",

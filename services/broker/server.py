@@ -81,8 +81,8 @@ class Broker:
         )
         # Settings changed at runtime (UpdateBrokerConfig) apply before anything reads them.
         self.runtime_config = RuntimeConfig(config, self.store.config, config.store_dir)
-        self.topics = TopicManager(config.store_dir)
-        self.groups = SubscriptionGroupManager(config.store_dir)
+        self.topics = TopicManager(config.store_dir, max_topics=config.max_topics)
+        self.groups = SubscriptionGroupManager(config.store_dir, max_groups=config.max_groups)
         self.offsets = OffsetManager(config.store_dir)
         self.daily = DailyStats(config.store_dir, config.daily_stats_days)
         self.offset_cleanup = DeletedTopicOffsets(
@@ -414,6 +414,7 @@ class Broker:
         if self.server is not None:
             await self.server.stop(grace_s)
         await self.registration.unregister_all()
+        await self.registration.close()
         loop = asyncio.get_running_loop()
         if self.metrics is not None:
             # Before the store closes: a scrape reads the store.

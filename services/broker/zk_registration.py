@@ -1,25 +1,34 @@
-"""A broker's registration in ZooKeeper: one ephemeral znode, kept in step with the broker.
+"""A broker's registration in ZooKeeper: an ephemeral leaf and its topic shards, kept in step
+with the broker.
 
-The znode (path and bytes: ``tidemq.services.nameserver.zk_format``) lives under the broker's own
-kazoo session, so it disappears when the broker does:
+The znodes (paths and bytes: ``tidemq.services.nameserver.zk_format``) live under the broker's
+own kazoo session, so they disappear when the broker does:
 
-- clean shutdown: ``stop`` deletes it at once, then closes the session;
-- SIGKILL, a frozen process, a lost network: ZooKeeper deletes it when the session expires.
+- clean shutdown: ``stop`` deletes the leaf at once (the broker leaves the routes), then closes
+  the session, which deletes the shards;
+- SIGKILL, a frozen process, a lost network: ZooKeeper deletes them when the session expires.
 
-Keeping it in step (``sync_znode``, run on every wake-up):
+Keeping them in step, on every wake-up:
 
-- missing: create it (ephemeral, parents made on demand);
-- ours (its ``ephemeralOwner`` is our session id) with other bytes: set them, conditional on the
-  version just read; ours with the same bytes: nothing to do;
-- another session's: either a second broker registered under the same cluster/name/id, or this
-  broker's previous process (SIGKILLed, restarted at once) whose session has not expired yet.
-  We wait: the watch left on it wakes us when it goes, and we register then.
+- the topics go first (``zk_topic_shards``): only the shards whose topics changed are written,
+  so a topic created costs one small write whatever the broker holds; nameservers that see a
+  new leaf thus find its topics already there;
+- the leaf (``sync_znode``) is written only when what it says changed (identity, addresses,
+  role, epoch; not the topic data version, which would rewrite it on every topic change), and
+  is otherwise checked (it is missing: create it; ours with other bytes: set them, conditional
+  on the version just read), except right after shards were written under a leaf known to be
+  ours, when the watch on it is check enough;
+- another session's leaf or shard: either a second broker registered under the same
+  cluster/name/id, or this broker's previous process (SIGKILLed, restarted at once) whose
+  session has not expired yet. We wait: the watch left on it wakes us when it goes, and we
+  register then.
 
-Wake-ups: every (re)connection, since after a LOST session kazoo silently opens a new session and
-the old session's znode is gone; any change to the znode (an operator deleting it); the
-broker's register loop (at start, when topics change, and every ``register_interval_ms`` as a
-check); and a retry with backoff after a failed attempt. A create whose answer was lost with the
-connection may have succeeded: the next attempt then finds the znode already ours.
+Wake-ups: every (re)connection, since after a LOST session kazoo silently opens a new session
+and the old session's znodes are gone (everything is written again); any change to the leaf (an
+operator deleting it); the broker's register loop (at start, when topics change, and every
+``register_interval_ms`` as a check); and a retry with backoff after a failed attempt. A create
+whose answer was lost with the connection may have succeeded: the next attempt then finds the
+znode already ours.
 
 A slave also reads its master's znode (id 0 of its group) after each sync, with a watch, and
 hands the master's address and HA address to ``on_master``: a slave registered only in ZooKeeper
@@ -34,103 +43,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooState
-from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError
 
-from tidemq.protos import nameserver_pb2
 from tidemq.protos.tls import TlsSettings
 from tidemq.services.broker.config import BrokerConfig
-from tidemq.services.broker.convert import broker_info, topic_protos
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicManager
+from tidemq.services.broker.zk_leaf import (
+    LeafTarget,
+    Synced,
+    ZnodeHeldElsewhereError,
+    ZnodeRaceError,
+    leaf_target,
+    sync_znode,
+)
+from tidemq.services.broker.zk_topic_shards import ShardBook, delete_own_shards, sync_shards
 from tidemq.services.errors import ServiceError
 from tidemq.services.nameserver import zk_format
-from tidemq.services.nameserver.route_table import BrokerRegistration
-from tidemq.services.nameserver.servicer import registration_from_wire
+from tidemq.services.nameserver.route_model import BrokerRegistration
 from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge, new_client
 from tidemq.storage.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-SYNC_ATTEMPTS = 3  # create/set races lost in a row before an attempt counts as failed
 RETRY_MIN_S = 0.5
 RETRY_MAX_S = 10.0
 LEAVE_TIMEOUT_S = 2.0  # each ZooKeeper call at shutdown; the session's close removes it anyway
-
-
-class ZnodeHeldElsewhereError(Exception):
-    """Our znode's path is held by another session; a watch is set on it."""
-
-    def __init__(self, path: str, owner: int) -> None:
-        super().__init__(f"znode {path} is held by ZooKeeper session 0x{owner:x}")
-        self.path = path
-        self.owner = owner
-
-
-class ZnodeRaceError(Exception):
-    """The znode changed under every attempt of one sync; it is retried later."""
-
-
-class Synced(enum.Enum):
-    CREATED = "created"
-    UPDATED = "updated"
-    UNCHANGED = "unchanged"
-
-
-def broker_registration(
-    config: BrokerConfig, topics: TopicManager, role: RoleState
-) -> BrokerRegistration:
-    """What the broker registers: its heartbeat's content, held to the nameserver's rules
-    (``ServiceError`` when it breaks them)."""
-    request = nameserver_pb2.RegisterBrokerRequest(
-        broker=broker_info(config, topics, role), topics=topic_protos(topics)
-    )
-    return registration_from_wire(request)
-
-
-def sync_znode(
-    client: Any, path: str, data: bytes, watch: Callable[[Any], None], timeout_s: float
-) -> Synced:
-    """Make the ephemeral znode at ``path`` hold ``data`` under ``client``'s session.
-
-    Leaves ``watch`` on the znode. Raises ZnodeHeldElsewhereError, ZnodeRaceError or a kazoo
-    error (connection lost, timeout).
-    """
-    client_id = client.client_id
-    if client_id is None:
-        raise ConnectionLoss("not connected to ZooKeeper")
-    session = client_id[0]
-    for _ in range(SYNC_ATTEMPTS):
-        stat = client.exists_async(path, watch=watch).get(timeout=timeout_s)
-        if stat is None:
-            try:
-                client.create_async(path, data, ephemeral=True, makepath=True).get(
-                    timeout=timeout_s
-                )
-            except NodeExistsError:
-                continue  # created meanwhile, maybe by our own earlier create: look again
-            except NoNodeError:
-                # makepath makes every parent below the chroot, never the chroot itself.
-                raise NoNodeError(
-                    f"cannot create {path}: the chroot of the ZooKeeper hosts string must exist"
-                ) from None
-            return Synced.CREATED
-        if stat.ephemeralOwner != session:
-            raise ZnodeHeldElsewhereError(path, stat.ephemeralOwner)
-        current, stat = client.get_async(path).get(timeout=timeout_s)
-        if current == data:
-            return Synced.UNCHANGED
-        try:
-            client.set_async(path, data, version=stat.version).get(timeout=timeout_s)
-        except (BadVersionError, NoNodeError):
-            continue  # someone else wrote or deleted it between our read and our write
-        return Synced.UPDATED
-    raise ZnodeRaceError(f"znode {path} changed under {SYNC_ATTEMPTS} attempts in a row")
 
 
 class ZkRegistration(KazooLoopBridge):
@@ -140,7 +83,8 @@ class ZkRegistration(KazooLoopBridge):
         self,
         hosts: str,
         session_timeout_ms: int,
-        node: Callable[[], tuple[str, bytes]],
+        node: Callable[[], LeafTarget],
+        topics: TopicManager,
         digest: tuple[str, str] | None = None,
         tls: TlsSettings | None = None,
     ) -> None:
@@ -151,7 +95,15 @@ class ZkRegistration(KazooLoopBridge):
         # Called on the loop: it reads the topic table and the role. The path moves when the
         # role does (under automatic failover the master registers as id 0).
         self._node = node
-        self.path = node()[0]
+        self._topics = topics
+        target = node()
+        zk_format.encode_leaf(target.registration)  # a broker that cannot register fails now
+        self.path = target.path
+        self.shard_dir = target.shard_dir
+        # What was last written, and under which session (kazoo's thread reads and writes these,
+        # one sync at a time).
+        self._book = ShardBook()
+        self._leaf: tuple[int, str, BrokerRegistration, bytes] | None = None
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
@@ -169,17 +121,15 @@ class ZkRegistration(KazooLoopBridge):
     def for_broker(
         cls, config: BrokerConfig, topics: TopicManager, role: RoleState
     ) -> ZkRegistration:
-        def node() -> tuple[str, bytes]:
-            path = zk_format.node_path(
-                config.zk_root, config.cluster, config.broker_name, role.registered_id
-            )
-            return path, zk_format.encode_registration(broker_registration(config, topics, role))
+        def node() -> LeafTarget:
+            return leaf_target(config, topics, role)
 
         try:
             registration = cls(
                 config.zk_hosts,
                 config.zk_session_timeout_ms,
                 node,
+                topics,
                 config.zk_digest,
                 config.zk_client_tls,
             )
@@ -266,22 +216,23 @@ class ZkRegistration(KazooLoopBridge):
             if not self._connected:
                 continue  # the next CONNECTED wakes us
             try:
-                path, data = self._node()
-            except (ServiceError, zk_format.ZnodeDataError) as e:
-                # The znode keeps the last registration that was valid; the next change retries.
+                target = self._node()
+            except ServiceError as e:
+                # The znodes keep the last registration that was valid; the next change retries.
                 # The message says what is wrong; a traceback would add nothing.
                 log.error("cannot update the ZooKeeper registration: %s", e)  # noqa: TRY400
                 continue
             try:
-                if path != self.path:
-                    # A role change: the old znode goes first, so no nameserver sees this
+                if target.path != self.path:
+                    # A role change: the old znodes go first, so no nameserver sees this
                     # broker twice.
-                    await loop.run_in_executor(None, self._delete_own, self.path)
-                    log.info("registration moves from %s to %s", self.path, path)
-                    self.path = path
-                outcome = await loop.run_in_executor(
-                    None, sync_znode, self._client, self.path, data, self._on_watch, timeout_s
-                )
+                    await loop.run_in_executor(None, self._move_out, timeout_s)
+                    log.info("registration moves from %s to %s", self.path, target.path)
+                    self.path, self.shard_dir = target.path, target.shard_dir
+                outcome = await loop.run_in_executor(None, self._sync, target, timeout_s)
+            except zk_format.ZnodeDataError as e:
+                log.error("cannot update the ZooKeeper registration: %s", e)  # noqa: TRY400
+                continue
             except ZnodeHeldElsewhereError as e:
                 self.registered = False
                 if e.owner != self._held_by:
@@ -313,6 +264,45 @@ class ZkRegistration(KazooLoopBridge):
                 log.info("updated the ZooKeeper registration %s", self.path)
             if self.on_master is not None:
                 await self._find_master(loop)
+
+    def _sync(self, target: LeafTarget, timeout_s: float) -> Synced:
+        """Shards, then the leaf (see the module docstring); in kazoo's executor thread."""
+        client = self._client
+        client_id = client.client_id
+        if client_id is None:
+            raise ConnectionLoss("not connected to ZooKeeper")
+        session = client_id[0]
+        leaf = self._leaf
+        ours = leaf is not None and leaf[:2] == (session, target.path)
+        if not ours:
+            # Before writing shards: a leaf of another session means its shards are there too.
+            stat = client.exists_async(target.path, watch=self._on_watch).get(timeout=timeout_s)
+            if stat is not None and stat.ephemeralOwner != session:
+                raise ZnodeHeldElsewhereError(target.path, stat.ephemeralOwner)
+        written = sync_shards(
+            client, self._book, self._topics, target.shard_dir, self._on_watch, timeout_s
+        )
+        same = leaf is not None and zk_format.without_topics(leaf[2]) == zk_format.without_topics(
+            target.registration
+        )
+        if ours and same and written:
+            return Synced.UNCHANGED  # the watch on the leaf tells us if it goes
+        # An unchanged leaf keeps its bytes (and the data version they carry).
+        reg, data = (
+            (leaf[2], leaf[3])
+            if leaf is not None and same
+            else (target.registration, zk_format.encode_leaf(target.registration))
+        )
+        outcome = sync_znode(client, target.path, data, self._on_watch, timeout_s)
+        self._leaf = (session, target.path, reg, data)
+        return outcome
+
+    def _move_out(self, timeout_s: float) -> None:
+        self._delete_own(self.path)
+        if self._client.client_id is not None:
+            delete_own_shards(self._client, self.shard_dir, LEAVE_TIMEOUT_S)
+        self._leaf = None
+        self._book = ShardBook()
 
     async def _find_master(self, loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
 from tidemq.services.nameserver.registry import Registry, RegistryUnavailableError
-from tidemq.services.nameserver.route_table import MASTER_ID, BrokerRole, ClusterInfo
+from tidemq.services.nameserver.route_model import MASTER_ID, BrokerRole, ClusterInfo
 from tidemq.services.nameserver.servicer import ROUTE_QUERY_OUTCOMES
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class RegistryCollector:
         status = await self.registry.status()
         try:
             clusters = await self.registry.cluster_info()
-            topics = len(await self.registry.topics())
+            topics = await self.registry.topic_count()
         except RegistryUnavailableError:
             return Snapshot(None, None, status.stale)
         return Snapshot(clusters, topics, status.stale)
@@ -104,6 +104,9 @@ def _families() -> list[GaugeMetricFamily]:
     ]
 
 
+REGISTRATION_KINDS = ("full", "incremental", "full_needed")
+
+
 class NameServerMetrics:
     """The route query counter and the registry collector, in the nameserver's registry."""
 
@@ -119,7 +122,20 @@ class NameServerMetrics:
         )
         for outcome in ROUTE_QUERY_OUTCOMES:
             self.route_queries.labels(outcome)  # every outcome from 0: rates need a start
+        self.registrations = Counter(
+            "tidemq_nameserver_registrations",
+            "RegisterBroker calls accepted, by kind: full (every topic of the broker) or "
+            "incremental (what changed since the version this nameserver held); "
+            "full_needed counts incremental ones answered with full_registration_needed",
+            ["kind"],
+            registry=metrics,
+        )
+        for kind in REGISTRATION_KINDS:
+            self.registrations.labels(kind)
         metrics.register(RegistryCollector(registry, loop))
 
     def route_query(self, outcome: str) -> None:
         self.route_queries.labels(outcome).inc()
+
+    def registration(self, kind: str) -> None:
+        self.registrations.labels(kind).inc()

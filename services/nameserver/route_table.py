@@ -6,135 +6,26 @@ The embedded registry drives one table from one asyncio loop, so nothing here lo
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 
-MASTER_ID = 0  # as RocketMQ's MixAll.MASTER_ID: broker id 0 is its group's master
-
-
-class BrokerRole(enum.IntEnum):
-    """Same numbers as ``tidemq.v1.BrokerRole`` so the servicer converts by value."""
-
-    ASYNC_MASTER = 1
-    SYNC_MASTER = 2
-    SLAVE = 3
-
-
-@dataclass(frozen=True, order=True)
-class DataVersion:
-    """A broker's topic-config version. Ordered field by field, as RocketMQ compares them."""
-
-    state_version: int = 0
-    counter: int = 0
-    timestamp_ms: int = 0
-
-
-@dataclass(frozen=True)
-class TopicQueues:
-    """One topic as a broker group serves it: RocketMQ's QueueData without the broker name."""
-
-    topic: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int  # bitwise OR of tidemq.v1.Permission (6 = read and write)
-
-
-@dataclass(frozen=True)
-class BrokerRegistration:
-    """One heartbeat: who the broker is, where it listens, and (from a master) its topics."""
-
-    cluster: str
-    broker_name: str  # the broker group: one master (id 0) and its slaves
-    broker_id: int
-    address: str  # host:port of the Broker service
-    ha_address: str  # host:port slaves replicate from; "" when the broker serves none
-    role: BrokerRole
-    epoch: int
-    data_version: DataVersion = DataVersion()
-    topics: tuple[TopicQueues, ...] = ()
-    # host:port of the broker's RocketMQ 5 (apache.rocketmq.v2) listener; "" when none.
-    rocketmq_address: str = ""
-
-
-@dataclass(frozen=True)
-class BrokerRef:
-    """Names one broker in the table, e.g. one that was expired."""
-
-    cluster: str
-    broker_name: str
-    broker_id: int
-    address: str
-
-
-@dataclass(frozen=True)
-class QueueData:
-    broker_name: str
-    read_queue_nums: int
-    write_queue_nums: int
-    perm: int
-
-
-@dataclass(frozen=True)
-class BrokerData:
-    """A broker group as clients see it."""
-
-    cluster: str
-    broker_name: str
-    addresses: dict[int, str]  # broker id -> Broker service address; 0 is the master
-    ha_addresses: dict[int, str]  # broker id -> replication address (only brokers that have one)
-    epoch: int
-    # broker id -> RocketMQ 5 (v2) address (only brokers that serve one)
-    rocketmq_addresses: dict[int, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class TopicRoute:
-    topic: str
-    queues: list[QueueData]  # sorted by broker name
-    brokers: list[BrokerData]  # exactly the groups named in ``queues``, same order
-
-
-@dataclass(frozen=True)
-class BrokerLive:
-    registration: BrokerRegistration  # the broker's latest accepted registration
-    last_update_ms: int
-
-
-@dataclass(frozen=True)
-class ClusterInfo:
-    cluster: str
-    groups: list[BrokerData]  # sorted by broker name
-    brokers: list[BrokerLive]  # sorted by (broker name, broker id)
-
-
-class MasterAddresses(NamedTuple):
-    """What a registration answers: the group's master, or empty strings when it has none."""
-
-    address: str
-    ha_address: str
-
-
-class RegistrationRejected(Exception):
-    """A registration the table refuses; the table is left consistent."""
-
-
-class StaleEpochError(RegistrationRejected):
-    """A broker claimed id 0 with an epoch older than its group's (apache/rocketmq#6316)."""
-
-    def __init__(self, reg: BrokerRegistration, group_epoch: int, master_address: str) -> None:
-        super().__init__(
-            f"broker {reg.address} claims master of {reg.broker_name!r} with epoch {reg.epoch}, "
-            f"but the group is at epoch {group_epoch}"
-            + (f" (master {master_address})" if master_address else "")
-        )
-        self.epoch = reg.epoch
-        self.group_epoch = group_epoch
-        self.master_address = master_address
-
-
-class ClusterMismatchError(RegistrationRejected):
-    """A broker group name registered under a second cluster: a misconfigured broker."""
+from tidemq.services.nameserver.route_model import (
+    MASTER_ID,
+    BrokerData,
+    BrokerLive,
+    BrokerRef,
+    BrokerRegistration,
+    ClusterInfo,
+    ClusterMismatchError,
+    DataVersion,
+    FullRegistrationNeededError,
+    MasterAddresses,
+    QueueData,
+    StaleEpochError,
+    TopicDelta,
+    TopicQueues,
+    TopicRoute,
+)
 
 
 @dataclass
@@ -158,9 +49,12 @@ class RouteTable:
     Rules (RocketMQ's RouteInfoManager, spec §6.1, with the epoch fencing of apache/rocketmq#6316):
 
     - A group's queue data for its topics comes only from its master's registration (id 0).
-      Our RegisterBroker carries the broker's full topic set, so a master's registration replaces
-      its group's queue data (a topic deleted on the broker leaves the route at the next
-      heartbeat). Topics from a slave's registration are ignored.
+      A full registration carries the broker's whole topic set and replaces its group's queue
+      data; an incremental one (``TopicDelta``) carries what changed since a data version the
+      table holds for that broker, and is applied as it is, so a heartbeat costs what changed,
+      not what the broker holds. An incremental registration on any other base changes nothing
+      and raises ``FullRegistrationNeededError``. Topics from a slave's registration are
+      ignored.
     - A group's queue data stays while any member of the group is alive, so consumers can still
       read from slaves when the master is gone; it goes when the last member leaves.
     - A registration from a known address refreshes its last-update time. An address that shows
@@ -194,9 +88,11 @@ class RouteTable:
     def register(self, reg: BrokerRegistration, now_ms: int) -> MasterAddresses:
         """Record a heartbeat; answers the group's master addresses.
 
-        Raises ``ClusterMismatchError`` (table untouched) or ``StaleEpochError`` (the stale
-        address has been removed from the table).
+        Raises ``ClusterMismatchError`` or ``FullRegistrationNeededError`` (table untouched),
+        or ``StaleEpochError`` (the stale address has been removed from the table).
         """
+        if reg.delta is not None:
+            self._check_base(reg, reg.delta)
         group = self._groups.get(reg.broker_name)
         if group is not None and group.cluster != reg.cluster:
             raise ClusterMismatchError(
@@ -228,9 +124,31 @@ class RouteTable:
         group.epoch = max(group.epoch, reg.epoch)
 
         if reg.broker_id == MASTER_ID:
-            self._set_queue_data(group, reg.topics)
-        self._live[reg.address] = _Live(reg, now_ms)
+            if reg.delta is None:
+                self._set_queue_data(group, reg.topics)
+            else:
+                self._change_queue_data(group, reg.topics, reg.delta.removed)
+        # Topics live in the group's queue data; keeping them here too would double the memory.
+        self._live[reg.address] = _Live(replace(reg, topics=(), delta=None), now_ms)
         return self._master_of(group)
+
+    def apply_topic_changes(
+        self, address: str, upserted: Iterable[TopicQueues], removed: Iterable[str]
+    ) -> bool:
+        """Topics created, changed or deleted on a registered broker, for registries that learn
+        of topics apart from registrations (ZooKeeper's topic shards). Applied, and True, when
+        ``address`` is its group's master, or a slave of a group without one (see
+        ``serve_reads_from_slave``); otherwise the table is left alone."""
+        live = self._live.get(address)
+        if live is None:
+            return False
+        reg = live.registration
+        group = self._groups[reg.broker_name]
+        master = group.members.get(MASTER_ID)
+        if master != address and (master is not None or reg.broker_id == MASTER_ID):
+            return False
+        self._change_queue_data(group, upserted, removed)
+        return True
 
     def serve_reads_from_slave(self, reg: BrokerRegistration) -> None:
         """Queue data from a registered slave's topics, for a group that has no master.
@@ -301,7 +219,9 @@ class RouteTable:
             for group in groups:
                 for broker_id in sorted(group.members):
                     live = self._live[group.members[broker_id]]
-                    brokers.append(BrokerLive(live.registration, live.last_update_ms))
+                    brokers.append(
+                        BrokerLive(live.registration, live.last_update_ms, len(group.topics))
+                    )
             result.append(ClusterInfo(cluster, [self._broker_data(g) for g in groups], brokers))
         return result
 
@@ -317,7 +237,30 @@ class RouteTable:
         """Every topic some group serves, sorted."""
         return sorted(self._queues)
 
+    def topic_count(self) -> int:
+        return len(self._queues)
+
+    def data_version(self, address: str) -> DataVersion | None:
+        """The topic data version of the broker at ``address``'s latest registration."""
+        live = self._live.get(address)
+        return None if live is None else live.registration.data_version
+
     # -- internals ---------------------------------------------------------------------------
+
+    def _check_base(self, reg: BrokerRegistration, delta: TopicDelta) -> None:
+        live = self._live.get(reg.address)
+        held = None if live is None else live.registration
+        if held is None or (held.cluster, held.broker_name, held.broker_id) != (
+            reg.cluster,
+            reg.broker_name,
+            reg.broker_id,
+        ):
+            raise FullRegistrationNeededError(f"{reg.address} is not registered here as it says")
+        if held.data_version != delta.base_version:
+            raise FullRegistrationNeededError(
+                f"{reg.address}: this nameserver holds topic data version {held.data_version}, "
+                f"not {delta.base_version}"
+            )
 
     def _remove_address(self, address: str) -> None:
         live = self._live.pop(address, None)
@@ -343,6 +286,23 @@ class RouteTable:
                 group.broker_name, t.read_queue_nums, t.write_queue_nums, t.perm
             )
         group.topics = set(wanted)
+
+    def _change_queue_data(
+        self, group: _Group, upserted: Iterable[TopicQueues], removed: Iterable[str]
+    ) -> None:
+        for topic in removed:
+            if topic not in group.topics:
+                continue
+            group.topics.discard(topic)
+            by_group = self._queues[topic]
+            del by_group[group.broker_name]
+            if not by_group:
+                del self._queues[topic]
+        for t in upserted:
+            self._queues.setdefault(t.topic, {})[group.broker_name] = QueueData(
+                group.broker_name, t.read_queue_nums, t.write_queue_nums, t.perm
+            )
+            group.topics.add(t.topic)
 
     def _master_of(self, group: _Group) -> MasterAddresses:
         address = group.members.get(MASTER_ID)

@@ -4,7 +4,7 @@ answers to QueryRoute, and what a broker that reads routes from ZooKeeper itself
 from __future__ import annotations
 
 from tidemq.protos import nameserver_pb2
-from tidemq.services.nameserver.route_table import BrokerData, TopicRoute
+from tidemq.services.nameserver.route_model import BrokerData, TopicRoute
 
 
 def broker_data_to_wire(b: BrokerData) -> nameserver_pb2.BrokerData:

@@ -32,7 +32,7 @@ from tidemq.services.auth.on_the_wire import wire_guard
 from tidemq.services.dev import die_with_parent
 from tidemq.services.errors import add_servicer
 from tidemq.services.metrics_endpoint import MetricsEndpoint, auth_refusals_counter
-from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver import zk_settings
 from tidemq.services.nameserver.metrics import NameServerMetrics
 from tidemq.services.nameserver.registry import EmbeddedRegistry, EmbeddedRegistryConfig, Registry
 from tidemq.services.nameserver.servicer import NameServerServicer, parse_host_port
@@ -49,6 +49,9 @@ DESCRIPTION = (
     "run a nameserver: on the embedded registry (brokers register by heartbeat), "
     "or with --zk on ZooKeeper (brokers keep ephemeral znodes, nameservers watch them)"
 )
+
+
+REGISTRATION_MAX_BYTES = 64 * 1024 * 1024
 
 
 class StartupError(Exception):
@@ -103,7 +106,9 @@ async def serve(
             f"embedded registry, broker expiry {embedded.config.broker_expiry_ms} ms, "
             f"scan every {embedded.config.scan_interval_ms} ms"
         )
-    server = grpc.aio.server()
+    # A full registration carries every topic of a broker: about 40 bytes each, so 8 MB at the
+    # 200,000-topic limit. gRPC's 4 MiB default would refuse the largest brokers.
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", REGISTRATION_MAX_BYTES)])
     metrics = CollectorRegistry()
     refusals = auth_refusals_counter(metrics)
     ProcessCollector(registry=metrics)
@@ -120,7 +125,7 @@ async def serve(
         raise StartupError(str(e)) from None
     add_servicer(
         nameserver_pb2_grpc.add_NameServerServicer_to_server,
-        NameServerServicer(registry, served.route_query),
+        NameServerServicer(registry, served.route_query, served.registration),
         server,
         guard,
     )
@@ -211,7 +216,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--zk-root",
         metavar="PATH",
-        help=f"with --zk: the registry's root znode (default {zk_format.DEFAULT_ROOT})",
+        help=f"with --zk: the registry's root znode (default {zk_settings.DEFAULT_ROOT})",
     )
     parser.add_argument(
         "--zk-tls",
@@ -224,7 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         metavar="N",
         help="with --zk: this nameserver's session timeout; a silent connection is noticed "
-        f"within 2/3 of it (default {zk_format.DEFAULT_SESSION_TIMEOUT_MS})",
+        f"within 2/3 of it (default {zk_settings.DEFAULT_SESSION_TIMEOUT_MS})",
     )
     parser.add_argument(
         "--metrics-listen",
@@ -272,7 +277,7 @@ def _configs(
         )
     try:
         return None, ZooKeeperRegistryConfig(args.zk, **zk)
-    except zk_format.ZooKeeperConfigError as e:
+    except zk_settings.ZooKeeperConfigError as e:
         raise StartupError(str(e)) from None
 
 

@@ -24,14 +24,16 @@ from tidemq.services.nameserver.registry import (
     Registry,
     RegistryUnavailableError,
 )
-from tidemq.services.nameserver.route_table import (
+from tidemq.services.nameserver.route_model import (
     MASTER_ID,
     BrokerLive,
     BrokerRegistration,
     BrokerRole,
     ClusterMismatchError,
     DataVersion,
+    FullRegistrationNeededError,
     StaleEpochError,
+    TopicDelta,
     TopicQueues,
 )
 from tidemq.services.nameserver.route_wire import broker_data_to_wire, route_to_wire
@@ -153,6 +155,18 @@ def registration_from_wire(request: Any) -> BrokerRegistration:
         if t.topic in seen:
             raise invalid(f"topic {t.topic!r} appears twice in one registration")
         seen.add(t.topic)
+    delta = None
+    if request.HasField("delta"):
+        removed = tuple(
+            _topic(f"delta.removed_topics[{i}]", name)
+            for i, name in enumerate(request.delta.removed_topics)
+        )
+        for name in removed:
+            if name in seen:
+                raise invalid(f"topic {name!r} is both changed and removed in one registration")
+            seen.add(name)
+        b = request.delta.base_version
+        delta = TopicDelta(DataVersion(b.state_version, b.counter, b.timestamp_ms), removed)
     dv = info.data_version
     return BrokerRegistration(
         cluster=cluster,
@@ -165,6 +179,7 @@ def registration_from_wire(request: Any) -> BrokerRegistration:
         data_version=DataVersion(dv.state_version, dv.counter, dv.timestamp_ms),
         topics=topics,
         rocketmq_address=rocketmq_address,
+        delta=delta,
     )
 
 
@@ -187,7 +202,7 @@ def _broker_live_to_wire(b: BrokerLive) -> Any:
             ),
         ),
         last_update_ms=b.last_update_ms,
-        topics=len(reg.topics),
+        topics=b.topics,
     )
 
 
@@ -222,11 +237,16 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):  # type: ignor
     """grpc.aio handlers over one Registry."""
 
     def __init__(
-        self, registry: Registry, on_route_query: Callable[[str], None] | None = None
+        self,
+        registry: Registry,
+        on_route_query: Callable[[str], None] | None = None,
+        on_registration: Callable[[str], None] | None = None,
     ) -> None:
         self._registry = registry
-        # Hears each QueryRoute's outcome (ROUTE_QUERY_OUTCOMES), for metrics.
+        # Hear each QueryRoute's outcome (ROUTE_QUERY_OUTCOMES) and each registration's kind
+        # (REGISTRATION_KINDS), for metrics.
         self._on_route_query = on_route_query or (lambda _outcome: None)
+        self._on_registration = on_registration or (lambda _kind: None)
 
     async def RegisterBroker(self, request: Any, context: Any) -> Any:
         return await _answer(context, self._register(request))
@@ -244,7 +264,14 @@ class NameServerServicer(nameserver_pb2_grpc.NameServerServicer):  # type: ignor
         return await _answer(context, self._status())
 
     async def _register(self, request: Any) -> Any:
-        master = await self._registry.register(registration_from_wire(request))
+        reg = registration_from_wire(request)
+        try:
+            master = await self._registry.register(reg)
+        except FullRegistrationNeededError as e:
+            log.info("asking for a full registration: %s", e)
+            self._on_registration("full_needed")
+            return nameserver_pb2.RegisterBrokerResponse(full_registration_needed=True)
+        self._on_registration("full" if reg.delta is None else "incremental")
         return nameserver_pb2.RegisterBrokerResponse(
             master_address=master.address, master_ha_address=master.ha_address
         )

@@ -1,16 +1,20 @@
 """The ZooKeeper registry backend: a nameserver that reads its routes from brokers' znodes.
 
-Each broker keeps an ephemeral znode under its own ZooKeeper session (layout and format:
-``zk_format``); a nameserver holds no state of its own. It reads the whole broker tree with
-one-shot watches set on every level, and any watch event (a broker joined, left, changed its
-topics) or reconnection triggers another full read. Each read is a snapshot from which a fresh
-``RouteTable`` is built (``zk_routes.build_route_table``), so every nameserver that has read the
-same znodes answers QueryRoute and GetClusterInfo identically, byte for byte, however its watch
-events interleaved. The RouteTable's rules apply unchanged (queue data from masters,
-displaced addresses, epoch fencing, one cluster per group), and invalid znodes are skipped and
-logged, never served and never fatal. A full read costs one pipelined round trip per tree level
-and events arriving during a read coalesce into one more read, so the cost stays small for the
-hundreds of brokers a cluster has; brokers only write their znode when their topics change.
+Each broker keeps an ephemeral leaf and ephemeral topic shards under its own ZooKeeper session
+(layout and format: ``zk_format``); a nameserver holds no state of its own. It watches the two
+subtrees with kazoo's ``TreeCache`` recipe, which reads everything once and then re-reads only
+the znode a watch names, and hands each change to ``zk_view.RegistryView``:
+
+- a shard changed (a topic created, changed or deleted): applied to the route table in place,
+  costing the topics of that one shard, not every topic held;
+- a leaf changed (a broker joined, left, changed role or epoch): the table is rebuilt once from
+  every znode held, however many changed together.
+
+So every nameserver that holds the same znodes answers QueryRoute and GetClusterInfo
+identically, byte for byte, however its watch events interleaved (``zk_view`` says exactly what
+converges). The RouteTable's rules apply unchanged (queue data from masters, displaced
+addresses, epoch fencing, one cluster per group), and invalid znodes are skipped and logged,
+never served and never fatal. After a lost session the caches read everything again once.
 
 What an operator sees:
 
@@ -27,115 +31,83 @@ What an operator sees:
   ``--nameserver``, or point it at nameservers on the embedded registry.
 - UnregisterBroker is accepted and changes nothing (the znode belongs to the broker's session,
   which deletes it at shutdown): a broker with both flags shuts down without errors.
-- The nameserver only reads: it needs read access to ``<root>/clusters`` and creates nothing.
+- The nameserver only reads: it needs read access to ``<root>/clusters`` and ``<root>/topics``
+  and creates nothing.
 
-kazoo's session and watch callbacks only hand the event to the asyncio loop (``zk_session``).
-Reads run in the loop's default executor; the table is built, swapped and queried on the loop
-alone.
+kazoo's session callbacks and the caches' listeners only hand the event to the asyncio loop
+(``zk_session``); the view and its table are changed and queried on the loop alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooState
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import KazooException
+from kazoo.recipe.cache import TreeCache, TreeEvent
 
 from tidemq.protos.tls import TlsSettings
-from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver import zk_format, zk_settings
 from tidemq.services.nameserver.registry import (
+    FREEZE_AFTER_TOPICS,
     HeartbeatsRefusedError,
     RegistryStatus,
     RegistryUnavailableError,
 )
-from tidemq.services.nameserver.route_table import (
+from tidemq.services.nameserver.route_model import (
     BrokerRegistration,
     ClusterInfo,
     MasterAddresses,
-    RouteTable,
     TopicRoute,
 )
-from tidemq.services.nameserver.zk_routes import (
-    BrokerZnode,
-    build_route_table,
-    members,
-    routes_view,
-)
-from tidemq.services.zk_session import ZK_ERRORS, KazooLoopBridge, new_client
+from tidemq.services.nameserver.route_table import RouteTable
+from tidemq.services.nameserver.zk_routes import BrokerZnode, members
+from tidemq.services.nameserver.zk_view import RegistryView, ShardZnode
+from tidemq.services.zk_session import KazooLoopBridge, new_client
 from tidemq.storage.clock import now_ms
 
 log = logging.getLogger(__name__)
 
-READ_RETRY_DELAY_S = 1.0  # after a failed read while still connected (e.g. a timeout)
+LEAVES = "leaves"
+SHARDS = "shards"
 
 
 @dataclass(frozen=True)
 class ZooKeeperRegistryConfig:
     hosts: str  # HOST:PORT[,HOST:PORT...][/chroot]
-    root: str = zk_format.DEFAULT_ROOT
+    root: str = zk_settings.DEFAULT_ROOT
     # This session owns no znodes; its timeout only bounds how long a silent connection takes to
     # be noticed (kazoo gives up on a read after 2/3 of it and the routes turn stale).
-    session_timeout_ms: int = zk_format.DEFAULT_SESSION_TIMEOUT_MS
+    session_timeout_ms: int = zk_settings.DEFAULT_SESSION_TIMEOUT_MS
     # ZooKeeper over TLS, with the nameserver's own certificate (``--zk-tls``).
     tls: TlsSettings | None = None
 
     def __post_init__(self) -> None:
-        zk_format.check_hosts(self.hosts)
-        zk_format.check_root(self.root)
-        zk_format.check_session_timeout_ms(self.session_timeout_ms)
+        zk_settings.check_hosts(self.hosts)
+        zk_settings.check_root(self.root)
+        zk_settings.check_session_timeout_ms(self.session_timeout_ms)
 
 
-# -- I/O: reading the tree -----------------------------------------------------------------------
+class ReadOnlyTreeCache(TreeCache):  # type: ignore[misc]
+    """kazoo's TreeCache without the ``ensure_path`` its ``start`` does: a nameserver creates
+    nothing (it may only have read access) and must start while ZooKeeper is away. A missing
+    top is watched until a broker creates it; the rest is the recipe's own code."""
 
-
-def read_znodes(
-    client: Any, root: str, watch: Callable[[Any], None], timeout_s: float
-) -> list[BrokerZnode]:
-    """Every broker leaf under ``root``, with ``watch`` set on every level read.
-
-    Requests of one level are pipelined, so a read costs four round trips whatever the number of
-    brokers. A znode deleted between two levels is left out; its watch brings the next read.
-    """
-    top = zk_format.clusters_path(root)
-    if client.exists_async(top, watch=watch).get(timeout=timeout_s) is None:
-        return []  # no broker has registered yet; the watch fires when one creates it
-
-    def children(paths: list[str]) -> list[tuple[str, list[str]]]:
-        pending = [(p, client.get_children_async(p, watch=watch)) for p in paths]
-        found = []
-        for path, result in pending:
-            with contextlib.suppress(NoNodeError):
-                found.append((path, sorted(result.get(timeout=timeout_s))))
-        return found
-
-    clusters = [zk_format.join(top, c) for _, names in children([top]) for c in names]
-    groups = [zk_format.join(p, g) for p, names in children(clusters) for g in names]
-    leaves = [zk_format.join(p, i) for p, names in children(groups) for i in names]
-    pending = [(p, client.get_async(p, watch=watch)) for p in leaves]
-    znodes = []
-    for path, result in pending:
-        try:
-            data, stat = result.get(timeout=timeout_s)
-        except NoNodeError:
-            continue
-        cluster, broker_name, broker_id = path[len(top) + 1 :].split("/")
-        znodes.append(
-            BrokerZnode(
-                cluster=cluster,
-                broker_name=broker_name,
-                broker_id=broker_id,
-                data=data,
-                czxid=stat.czxid,
-                mtime_ms=stat.mtime,
-                ephemeral_owner=stat.ephemeralOwner,
-            )
-        )
-    return znodes
+    def start(self) -> None:
+        if self._state != self.STATE_LATENT:  # type: ignore[has-type]
+            raise KazooException("already started or closed")
+        self._state = self.STATE_STARTED
+        self._task_thread = self._client.handler.spawn(self._do_background)
+        self._client.add_listener(self._session_watcher)
+        if self._client.connected:
+            self._in_background(self._root.on_created)
 
 
 # -- the backend ----------------------------------------------------------------------------------
@@ -150,43 +122,57 @@ class ZooKeeperRegistry(KazooLoopBridge):
         self.config = config
         self._clock_ms = clock_ms
         self._client: Any = None
+        self._caches: list[Any] = []
+        self._tops = {
+            LEAVES: zk_format.clusters_path(config.root),
+            SHARDS: zk_format.topics_path(config.root),
+        }
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._pending: list[tuple[str, Any]] = []
+        self._view = RegistryView()
         self._table: RouteTable | None = None
         self._problems: dict[str, str] = {}
         self._connected = False
+        # Caches that have not read everything since the start or the last lost session.
+        self._unread = {LEAVES, SHARDS}
         self._in_sync = False
-        # Bumped on every connection state change: a read that started before one cannot prove
-        # the routes are current.
-        self._generation = 0
         self._state = "connecting"
         self._last_update_ms = 0
-        self._last_error = ""
 
     @property
     def where(self) -> str:
         return f"{self.config.hosts} {self.config.root}"
 
     async def start(self) -> None:
-        if self._reader is not None:
+        if self._task is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._client = new_client(
+        client = self._client = new_client(
             self.config.hosts, self.config.session_timeout_ms, tls=self.config.tls
         )
-        self._client.add_listener(self._on_session_event)
-        self._reader = asyncio.create_task(self._read_forever(), name="zk-routes")
+        client.add_listener(self._on_session_event)
+        self._task = asyncio.create_task(self._apply_forever(), name="zk-routes")
+        for kind, top in self._tops.items():
+            cache = ReadOnlyTreeCache(client, top)
+            cache.listen(functools.partial(self._on_tree_event, kind))
+            cache.listen_fault(self._on_fault)
+            cache.start()
+            self._caches.append(cache)
         # Not waiting for the connection: the nameserver serves (stale) while ZooKeeper is away.
-        await self._loop.run_in_executor(None, self._client.start_async)
+        await self._loop.run_in_executor(None, client.start_async)
 
     async def stop(self) -> None:
-        if self._reader is None:
+        if self._task is None:
             return
-        self._reader.cancel()
+        self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
-        self._reader = None
+            await self._task
+        self._task = None
+        for cache in self._caches:
+            cache.close()
+        self._caches = []
         client = self._client
         client.remove_listener(self._on_session_event)
         await asyncio.get_running_loop().run_in_executor(None, _close, client)
@@ -209,8 +195,8 @@ class ZooKeeperRegistry(KazooLoopBridge):
     async def cluster_info(self) -> list[ClusterInfo]:
         return self._loaded().cluster_info()
 
-    async def topics(self) -> list[str]:
-        return self._loaded().topics()
+    async def topic_count(self) -> int:
+        return self._loaded().topic_count()
 
     async def status(self) -> RegistryStatus:
         detail = f"ZooKeeper {self.where}: {self._state}"
@@ -218,8 +204,6 @@ class ZooKeeperRegistry(KazooLoopBridge):
             detail += ", routes never read"
         if self._problems:
             detail += f", {len(self._problems)} znode(s) skipped (see the log)"
-        if self._last_error and not self._in_sync:
-            detail += f", last error: {self._last_error}"
         return RegistryStatus(
             registry="zookeeper",
             stale=not self._in_sync,
@@ -235,80 +219,136 @@ class ZooKeeperRegistry(KazooLoopBridge):
             )
         return self._table
 
+    # -- kazoo's threads ----------------------------------------------------------------------
+
+    def _on_tree_event(self, kind: str, event: Any) -> None:
+        self._post(self._queue, kind, event)
+
+    def _on_fault(self, error: BaseException) -> None:
+        log.warning("watching ZooKeeper %s: %s: %s", self.where, type(error).__name__, error)
+
     # -- the loop -----------------------------------------------------------------------------
 
+    def _queue(self, kind: str, event: Any) -> None:
+        self._pending.append((kind, event))
+        self._wake.set()
+
     def _session_changed(self, state: str) -> None:
-        self._generation += 1
         self._state = state.lower()
         if state == KazooState.CONNECTED:
             self._connected = True
-            log.info("connected to ZooKeeper %s; reading routes", self.where)
-            self._wake.set()  # watches may have been lost with the session: read everything
-            return
-        self._connected = False
-        if self._in_sync:
-            log.warning(
-                "ZooKeeper %s %s: serving the last routes read (stale) until it is back",
-                self.where,
-                "session expired" if state == KazooState.LOST else "connection lost",
-            )
-        self._in_sync = False
+            log.info("connected to ZooKeeper %s", self.where)
+        else:
+            self._connected = False
+            if state == KazooState.LOST:
+                # The caches read everything again under the new session (watches died with
+                # the old one); until they have, the routes may miss changes.
+                self._unread = {LEAVES, SHARDS}
+            if self._in_sync:
+                log.warning(
+                    "ZooKeeper %s %s: serving the last routes read (stale) until it is back",
+                    self.where,
+                    "session expired" if state == KazooState.LOST else "connection lost",
+                )
+        self._update_sync()
 
-    async def _read_forever(self) -> None:
-        loop = asyncio.get_running_loop()
-        timeout_s = self.config.session_timeout_ms / 1000
+    def _update_sync(self) -> None:
+        # Within one session the watches survive a reconnection (the client re-arms them with
+        # the last zxid it saw, so the server fires those whose znodes changed meanwhile).
+        in_sync = self._connected and not self._unread and self._table is not None
+        if in_sync and not self._in_sync:
+            log.info(
+                "routes in sync with ZooKeeper %s: %d broker(s), %d topic(s)",
+                self.where,
+                self._table.broker_count() if self._table else 0,
+                self._table.topic_count() if self._table else 0,
+            )
+        self._in_sync = in_sync
+
+    async def _apply_forever(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if not self._connected:
-                continue  # the next CONNECTED wakes us
-            generation = self._generation
+            events, self._pending = self._pending, []
             try:
-                znodes = await loop.run_in_executor(
-                    None, read_znodes, self._client, self.config.root, self._on_watch, timeout_s
-                )
-            except ZK_ERRORS as e:
-                self._last_error = f"{type(e).__name__}: {e}"
-                log.warning("reading routes from ZooKeeper %s failed: %s", self.where, e)
-                await asyncio.sleep(READ_RETRY_DELAY_S)
-                self._wake.set()
-                continue
-            try:
-                self._apply(znodes)
+                self._apply(events)
             except Exception:
-                # A bug in the rebuild must not stop route updates for the life of the process;
-                # the last good table keeps serving, stale, and the next event tries again.
-                log.exception("rebuilding routes from ZooKeeper failed")
+                # A bug must not stop route updates for the life of the process: the table
+                # keeps serving, stale, and the next event tries again.
+                log.exception("applying ZooKeeper changes to the routes failed")
                 self._in_sync = False
                 continue
-            if generation == self._generation and self._connected:
-                if not self._in_sync:
-                    log.info(
-                        "routes in sync with ZooKeeper %s: %d broker(s)",
-                        self.where,
-                        self._table.broker_count() if self._table else 0,
-                    )
-                self._in_sync = True
-                self._last_error = ""
+            self._update_sync()
 
-    def _apply(self, znodes: list[BrokerZnode]) -> None:
-        table, problems = build_route_table(znodes)
+    def _apply(self, events: list[tuple[str, Any]]) -> None:
+        changed = False
+        for kind, event in events:
+            if event.event_type == TreeEvent.INITIALIZED:
+                self._unread.discard(kind)
+            elif event.event_type in (
+                TreeEvent.NODE_ADDED,
+                TreeEvent.NODE_UPDATED,
+                TreeEvent.NODE_REMOVED,
+            ):
+                changed |= self._apply_node(kind, event.event_type, event.event_data)
+        if self._table is None and self._unread:
+            return  # the first table waits for the first complete read
+        before = set() if self._table is None else members(self._table)
+        if self._view.settle():
+            self._table = self._view.table
+            if self._table is not None and self._table.topic_count() >= FREEZE_AFTER_TOPICS:
+                gc.freeze()  # as the embedded registry does after a large registration
+            after = members(self._table) if self._table is not None else set()
+            for cluster, name, broker_id, address in sorted(after - before):
+                log.info("broker %s/%s id %d at %s joined", cluster, name, broker_id, address)
+            for cluster, name, broker_id, address in sorted(before - after):
+                log.info("broker %s/%s id %d at %s left", cluster, name, broker_id, address)
+        if changed:
+            self._last_update_ms = self._clock_ms()
+            self._report_problems()
+
+    def _apply_node(self, kind: str, event_type: int, node: Any) -> bool:
+        top = self._tops[kind]
+        if not node.path.startswith(top + "/"):
+            return False
+        parts = node.path[len(top) + 1 :].split("/")
+        removed = event_type == TreeEvent.NODE_REMOVED
+        if kind == LEAVES and len(parts) == 3:
+            cluster, name, broker_id = parts
+            if removed:
+                self._view.remove_leaf((cluster, name, broker_id))
+            else:
+                stat = node.stat
+                self._view.set_leaf(
+                    BrokerZnode(
+                        cluster,
+                        name,
+                        broker_id,
+                        node.data,
+                        stat.czxid,
+                        stat.mtime,
+                        stat.ephemeralOwner,
+                    )
+                )
+            return True
+        if kind == SHARDS and len(parts) == 4:
+            cluster, name, broker_id, shard = parts
+            if removed:
+                self._view.remove_shard((cluster, name, broker_id), shard)
+            else:
+                self._view.set_shard(
+                    ShardZnode(cluster, name, broker_id, shard, node.data, node.stat.ephemeralOwner)
+                )
+            return True
+        return False  # a parent znode
+
+    def _report_problems(self) -> None:
+        problems = self._view.problems
         for path in sorted(problems.keys() - self._problems.keys()):
             log.warning("skipping znode %s: %s", path, problems[path])
         for path in sorted(self._problems.keys() - problems.keys()):
             log.info("znode %s is no longer skipped", path)
         self._problems = problems
-        old = self._table
-        if old is not None and routes_view(old) == routes_view(table):
-            return
-        before = set() if old is None else members(old)
-        after = members(table)
-        for cluster, name, broker_id, address in sorted(after - before):
-            log.info("broker %s/%s id %d at %s joined", cluster, name, broker_id, address)
-        for cluster, name, broker_id, address in sorted(before - after):
-            log.info("broker %s/%s id %d at %s left", cluster, name, broker_id, address)
-        self._table = table
-        self._last_update_ms = self._clock_ms()
 
 
 def _close(client: Any) -> None:

@@ -1,23 +1,25 @@
-"""The routes a snapshot of the brokers' znodes describes. Pure: no ZooKeeper, no clock, so the
-rules are unit-tested from hand-built snapshots; ``zk_registry`` reads the snapshots.
+"""The routes a set of broker znodes describes. Pure: no ZooKeeper, no clock, so the rules are
+unit-tested from hand-built snapshots; ``zk_view`` keeps the znodes up to date and applies topic
+shard changes in place between rebuilds.
 
-A fresh ``RouteTable`` is built from each snapshot (``build_route_table``): the znodes are applied
-in creation order (czxid) with each broker's last-update time taken from its znode's mtime, so
-every nameserver that has read the same znodes answers QueryRoute and GetClusterInfo
-identically, byte for byte, however its watch events interleaved.
+A fresh ``RouteTable`` is built from the leaves (``table_from``): they are applied in creation
+order (czxid) with each broker's last-update time taken from its leaf's mtime, so every
+nameserver holding the same znodes answers QueryRoute and GetClusterInfo identically, byte for
+byte, however its watch events interleaved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 from tidemq.services.nameserver import zk_format
-from tidemq.services.nameserver.route_table import (
+from tidemq.services.nameserver.route_model import (
     BrokerRegistration,
     RegistrationRejected,
-    RouteTable,
+    TopicQueues,
 )
+from tidemq.services.nameserver.route_table import RouteTable
 
 
 @dataclass(frozen=True)
@@ -37,51 +39,93 @@ class BrokerZnode:
         return f"{self.cluster}/{self.broker_name}/{self.broker_id}"
 
 
-def build_route_table(znodes: Iterable[BrokerZnode]) -> tuple[RouteTable, dict[str, str]]:
-    """The routes ``znodes`` describe, and why each znode left out was left out (path -> why).
+@dataclass(frozen=True)
+class Candidate:
+    """A valid leaf with the topics it registers (inline, or from its shards)."""
 
-    Depends only on the set of znodes, never on their order: they are applied oldest first
-    (czxid), so where two claim the same address the newer wins, as a newer heartbeat would.
-    Two passes: the second applies every registration again once each group's highest epoch is
-    known, so a master with a stale epoch is fenced whichever znode was created first.
-    """
+    path: str
+    czxid: int
+    mtime_ms: int
+    registration: BrokerRegistration
+
+
+@dataclass
+class Routes:
+    table: RouteTable
+    problems: dict[str, str] = field(default_factory=dict)  # leaf path -> why it is left out
+    # Group name -> the path of the leaf whose topics are the group's queue data: its master,
+    # or, in a group without one, its lowest slave. Only these leaves' shards move the table.
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def decode_leaf(znode: BrokerZnode) -> zk_format.Leaf:
+    """``znode``'s content; ZnodeDataError when it cannot be served."""
+    if znode.ephemeral_owner == 0:
+        raise zk_format.ZnodeDataError("not ephemeral: it would keep its broker routed forever")
+    name = zk_format.parse_node_name(znode.cluster, znode.broker_name, znode.broker_id)
+    return zk_format.decode_leaf(name, znode.data)
+
+
+def build_route_table(
+    znodes: Iterable[BrokerZnode],
+    shard_topics: Mapping[str, Iterable[TopicQueues]] | None = None,
+) -> tuple[RouteTable, dict[str, str]]:
+    """The routes ``znodes`` describe, and why each znode left out was left out (path -> why).
+    ``shard_topics`` holds the topics of format-2 leaves by path (none when absent)."""
     problems: dict[str, str] = {}
-    accepted: list[tuple[BrokerZnode, BrokerRegistration]] = []
-    for znode in sorted(znodes, key=lambda z: (z.czxid, z.path)):
-        if znode.ephemeral_owner == 0:
-            problems[znode.path] = "not ephemeral: it would keep its broker routed forever"
-            continue
+    candidates = []
+    for znode in znodes:
         try:
-            name = zk_format.parse_node_name(znode.cluster, znode.broker_name, znode.broker_id)
-            accepted.append((znode, zk_format.decode_registration(name, znode.data)))
+            leaf = decode_leaf(znode)
         except zk_format.ZnodeDataError as e:
             problems[znode.path] = str(e)
+            continue
+        reg = leaf.registration
+        if not leaf.inline:
+            reg = replace(reg, topics=tuple((shard_topics or {}).get(znode.path, ())))
+        candidates.append(Candidate(znode.path, znode.czxid, znode.mtime_ms, reg))
+    routes = table_from(candidates)
+    routes.problems.update(problems)
+    return routes.table, routes.problems
 
+
+def table_from(candidates: Iterable[Candidate]) -> Routes:
+    """The routes of valid leaves. Depends only on the set of leaves, never on their order:
+    they are applied oldest first (czxid), so where two claim the same address the newer wins,
+    as a newer heartbeat would. Two passes: the second applies every registration again once
+    each group's highest epoch is known, so a master with a stale epoch is fenced whichever
+    leaf was created first."""
+    accepted = sorted(candidates, key=lambda c: (c.czxid, c.path))
     table = RouteTable()
     refused: dict[str, str] = {}
     for _ in range(2):
         refused = {}
-        for znode, reg in accepted:
+        for c in accepted:
             try:
-                table.register(reg, znode.mtime_ms)
+                table.register(c.registration, c.mtime_ms)
             except RegistrationRejected as e:
-                refused[znode.path] = str(e)
-    problems.update(refused)
-    for znode, reg in accepted:
-        if znode.path not in problems:
-            ref = table.lookup(reg.address)
-            if ref is None or (ref.cluster, ref.broker_name, ref.broker_id) != (
-                reg.cluster,
-                reg.broker_name,
-                reg.broker_id,
-            ):
-                problems[znode.path] = f"address {reg.address} is claimed by a newer znode"
-    # A group whose master's znode is gone keeps serving reads from its slaves, as the embedded
+                refused[c.path] = str(e)
+    routes = Routes(table, refused)
+    served = []
+    for c in accepted:
+        if c.path in refused:
+            continue
+        reg = c.registration
+        ref = table.lookup(reg.address)
+        if ref is None or (ref.cluster, ref.broker_name, ref.broker_id) != (
+            reg.cluster,
+            reg.broker_name,
+            reg.broker_id,
+        ):
+            routes.problems[c.path] = f"address {reg.address} is claimed by a newer znode"
+        else:
+            served.append(c)
+    # A group whose master's leaf is gone keeps serving reads from its slaves, as the embedded
     # registry does: the lowest id's topics, applied last, win.
-    for znode, reg in sorted(accepted, key=lambda a: -a[1].broker_id):
-        if znode.path not in problems:
-            table.serve_reads_from_slave(reg)
-    return table, problems
+    for c in sorted(served, key=lambda c: -c.registration.broker_id):
+        table.serve_reads_from_slave(c.registration)
+        routes.sources[c.registration.broker_name] = c.path
+    return routes
 
 
 def routes_view(table: RouteTable) -> tuple[object, ...]:

@@ -25,7 +25,7 @@ from tests.deploy.chart import (
     workloads_of,
 )
 from tidemq.services.auth import acl
-from tidemq.services.nameserver import zk_format
+from tidemq.services.nameserver import zk_settings
 
 pytestmark = [
     pytest.mark.deploy,
@@ -267,7 +267,7 @@ def test_mutual_tls_values_that_cannot_work_are_refused() -> None:
 def test_brokers_write_their_znodes_as_the_charts_zookeeper_identity(tmp_path: Path) -> None:
     objects = render({})
     files = _secret_files(objects, f"{FULLNAME}-zk-auth", tmp_path / "zk-auth")
-    user, password = zk_format.parse_auth(f"@{files['zk-auth']}")
+    user, password = zk_settings.parse_auth(f"@{files['zk-auth']}")
     assert user == "tidemq-brokers" and len(password) >= 32
     toml = of_kind(objects, "ConfigMap")[f"{FULLNAME}-broker"]["data"]["broker.toml"]
     assert tomllib.loads(toml)["zk_auth"] == "@/etc/tidemq/zk-auth/zk-auth"

@@ -138,7 +138,7 @@ def test_invalid_znodes_are_skipped_and_reported(
         f"{group}/broker-x/0": b"{not json",
         f"{group}/broker-y/0": registration("broker-z"),  # names another broker than its path
         f"{group}/broker-w/1": registration("broker-w", 1),  # id 1 with a master role
-        f"{group}/broker-v/0": registration("broker-v", format=2),
+        f"{group}/broker-v/0": registration("broker-v", format=3),
     }
     persistent = f"{group}/broker-p/0"
     with zookeeper.client() as client:

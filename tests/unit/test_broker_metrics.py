@@ -31,12 +31,16 @@ SESSION = 0x77
 
 
 def state_registry(
-    max_offsets: dict[tuple[str, int], int], table: dict[str, dict[int, int]]
+    max_offsets: dict[tuple[str, int], int],
+    table: dict[str, dict[int, int]],
+    series_max: int = 20_000,
 ) -> CollectorRegistry:
     """A registry whose StateCollector reads these queue ends and this offset table."""
     topics = sorted({t for t, _ in max_offsets})
     queues = {t: max(q for tt, q in max_offsets if tt == t) + 1 for t in topics}
+    configs = {t: TopicConfig(t, queues[t], queues[t]) for t in topics}
     store = SimpleNamespace(
+        topics=lambda: {t: sorted(q for tt, q in max_offsets if tt == t) for t in topics},
         stats=lambda: StoreStats(0, 0, 0, 0, 0.0, True, len(max_offsets)),
         failure=None,
         dispatch_stalled=False,
@@ -50,9 +54,10 @@ def state_registry(
             broker_id=0,
             role=BrokerRole.ASYNC_MASTER,
             advertised="h:1",
+            metrics_queue_series_max=series_max,
         ),  # type: ignore[arg-type]
         store,  # type: ignore[arg-type]
-        SimpleNamespace(all=lambda: [TopicConfig(t, queues[t], queues[t]) for t in topics]),  # type: ignore[arg-type]
+        SimpleNamespace(topics=configs, get=configs.get),  # type: ignore[arg-type]
         SimpleNamespace(groups={}, expiry_ms=1000),  # type: ignore[arg-type]
         SimpleNamespace(table=table),  # type: ignore[arg-type]
         SimpleNamespace(groups={}),  # type: ignore[arg-type]
@@ -99,6 +104,34 @@ def test_per_queue_series_name_only_queues_of_existing_topics() -> None:
         for s in m.samples
     ]
     assert queue_series == [{"group": "billing", "topic": "orders", "queue_id": "0"}] * 2
+
+
+def test_past_the_series_limit_the_queues_furthest_behind_are_shown_and_the_rest_counted() -> None:
+    ends = {("orders", q): 100 for q in range(5)}
+    committed = {0: 100, 1: 10, 2: 90, 3: 50, 4: 0}  # behind: 0, 90, 10, 50, 100
+    r = state_registry(ends, {"orders@billing": committed}, series_max=2)
+    queue_ends = [
+        s.labels["queue_id"]
+        for m in r.collect()
+        if m.name == "tidemq_queue_max_offset"
+        for s in m.samples
+    ]
+    assert len(queue_ends) == 2
+    lagging = {
+        s.labels["queue_id"]: s.value
+        for m in r.collect()
+        if m.name == "tidemq_consumer_queue_lag_messages"
+        for s in m.samples
+    }
+    assert lagging == {"4": 100, "1": 90}
+    omitted = "tidemq_metrics_queue_series_omitted"
+    assert r.get_sample_value(omitted, {"kind": "queue"}) == 3
+    assert r.get_sample_value(omitted, {"kind": "consumer_queue"}) == 3
+    # The sums per group and topic are never cut.
+    summed = r.get_sample_value(
+        "tidemq_consumer_lag_messages", {"group": "billing", "topic": "orders"}
+    )
+    assert summed == 250
 
 
 # -- role, epoch and elections -------------------------------------------------------------

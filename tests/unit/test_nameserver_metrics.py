@@ -16,11 +16,7 @@ from prometheus_client import CollectorRegistry
 from tidemq.services.errors import ServiceError
 from tidemq.services.nameserver.metrics import NameServerMetrics
 from tidemq.services.nameserver.registry import EmbeddedRegistry, RegistryUnavailableError
-from tidemq.services.nameserver.route_table import (
-    BrokerRegistration,
-    BrokerRole,
-    TopicQueues,
-)
+from tidemq.services.nameserver.route_model import BrokerRegistration, BrokerRole, TopicQueues
 from tidemq.services.nameserver.servicer import NameServerServicer
 
 pytestmark = pytest.mark.unit

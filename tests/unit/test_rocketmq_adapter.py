@@ -26,12 +26,8 @@ from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicManager
 from tidemq.services.errors import ServiceError, invalid, not_found
 from tidemq.services.nameserver import zk_format
-from tidemq.services.nameserver.route_table import (
-    BrokerRegistration,
-    BrokerRole,
-    RouteTable,
-    TopicQueues,
-)
+from tidemq.services.nameserver.route_model import BrokerRegistration, BrokerRole, TopicQueues
+from tidemq.services.nameserver.route_table import RouteTable
 from tidemq.services.nameserver.servicer import registration_from_wire
 from tidemq.storage.errors import ConfigError
 

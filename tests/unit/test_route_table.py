@@ -12,17 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemq.services.nameserver.route_table import (
+from tidemq.services.nameserver.route_model import (
     BrokerRef,
     BrokerRegistration,
     BrokerRole,
     ClusterMismatchError,
     DataVersion,
     MasterAddresses,
-    RouteTable,
     StaleEpochError,
     TopicQueues,
 )
+from tidemq.services.nameserver.route_table import RouteTable
 
 pytestmark = pytest.mark.unit
 
@@ -290,7 +290,7 @@ def test_cluster_info_groups_by_cluster() -> None:
         (SLAVE_A, 20),
     ]
     assert [g.broker_name for g in c2.groups] == ["broker-b"]
-    assert len(c2.brokers[0].registration.topics) == 2
+    assert c2.brokers[0].topics == 2
 
 
 # -- random sequences ---------------------------------------------------------------------------

@@ -11,18 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemq.services.nameserver import zk_format
-from tidemq.services.nameserver.route_table import (
+from tidemq.services.nameserver import zk_format, zk_settings
+from tidemq.services.nameserver.route_model import (
     BrokerRegistration,
     BrokerRole,
     DataVersion,
     TopicQueues,
 )
-from tidemq.services.nameserver.zk_format import (
-    BrokerNodeName,
-    ZnodeDataError,
-    ZooKeeperConfigError,
-)
+from tidemq.services.nameserver.zk_format import BrokerNodeName, ZnodeDataError
+from tidemq.services.nameserver.zk_settings import ZooKeeperConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -93,8 +90,8 @@ def test_a_slave_without_ha_address_and_topics_decodes() -> None:
         (b"{not json", "not JSON"),
         (b"[" * 100_000, "not JSON"),
         (b"[1, 2]", "not a JSON object"),
-        (encoded(doc(format=2)), "format 2 is not 1"),
-        (encoded(doc(format="1")), "format '1' is not 1"),
+        (encoded(doc(format=3)), "format 3 is not 1 or 2"),
+        (encoded(doc(format="1")), "format '1' is not 1 or 2"),
         (encoded({k: v for k, v in doc().items() if k != "format"}), "format None"),
         (encoded({k: v for k, v in doc().items() if k != "address"}), "address must be a string"),
         (encoded(doc(broker_id=True)), "broker_id must be an integer, got bool"),
@@ -185,7 +182,7 @@ def test_names_zookeeper_cannot_hold_are_refused(cluster: str, name: str) -> Non
 
 @pytest.mark.parametrize("root", ["/", "/tidemq", "/a/b.c/d_e-f"])
 def test_good_roots(root: str) -> None:
-    assert zk_format.check_root(root) == root
+    assert zk_settings.check_root(root) == root
 
 
 @pytest.mark.parametrize(
@@ -203,7 +200,7 @@ def test_good_roots(root: str) -> None:
 )
 def test_bad_roots(root: str, complaint: str) -> None:
     with pytest.raises(ZooKeeperConfigError, match=complaint):
-        zk_format.check_root(root)
+        zk_settings.check_root(root)
 
 
 @pytest.mark.parametrize(
@@ -218,7 +215,7 @@ def test_bad_roots(root: str, complaint: str) -> None:
     ],
 )
 def test_good_hosts(hosts: str) -> None:
-    assert zk_format.check_hosts(hosts) == hosts
+    assert zk_settings.check_hosts(hosts) == hosts
 
 
 @pytest.mark.parametrize(
@@ -236,10 +233,10 @@ def test_good_hosts(hosts: str) -> None:
 )
 def test_bad_hosts(hosts: str, complaint: str) -> None:
     with pytest.raises(ZooKeeperConfigError, match=complaint):
-        zk_format.check_hosts(hosts)
+        zk_settings.check_hosts(hosts)
 
 
 @pytest.mark.parametrize("timeout_ms", [999, 600_001, 0, -5])
 def test_session_timeouts_out_of_range_are_refused(timeout_ms: int) -> None:
     with pytest.raises(ZooKeeperConfigError, match="session timeout"):
-        zk_format.check_session_timeout_ms(timeout_ms)
+        zk_settings.check_session_timeout_ms(timeout_ms)

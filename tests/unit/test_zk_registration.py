@@ -14,17 +14,17 @@ from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, N
 from tidemq.services.broker.config import BrokerConfig, BrokerRole
 from tidemq.services.broker.role import RoleState
 from tidemq.services.broker.topics import TopicConfig, TopicManager
-from tidemq.services.broker.zk_registration import (
+from tidemq.services.broker.zk_leaf import (
     Synced,
-    ZkRegistration,
     ZnodeHeldElsewhereError,
     ZnodeRaceError,
     broker_registration,
     sync_znode,
 )
+from tidemq.services.broker.zk_registration import ZkRegistration
 from tidemq.services.nameserver import zk_format
-from tidemq.services.nameserver.route_table import BrokerRole as WireRole
-from tidemq.services.nameserver.route_table import TopicQueues
+from tidemq.services.nameserver.route_model import BrokerRole as WireRole
+from tidemq.services.nameserver.route_model import TopicQueues
 from tidemq.storage.errors import ConfigError
 
 pytestmark = pytest.mark.unit

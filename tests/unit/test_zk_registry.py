@@ -10,17 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemq.services.nameserver import server, zk_format
-from tidemq.services.nameserver.route_table import (
+from tidemq.services.nameserver import server, zk_format, zk_settings
+from tidemq.services.nameserver.route_model import (
     BrokerRegistration,
     BrokerRole,
     DataVersion,
-    RouteTable,
     TopicQueues,
 )
-from tidemq.services.nameserver.zk_format import ZooKeeperConfigError
+from tidemq.services.nameserver.route_table import RouteTable
 from tidemq.services.nameserver.zk_registry import ZooKeeperRegistryConfig
 from tidemq.services.nameserver.zk_routes import BrokerZnode, build_route_table
+from tidemq.services.nameserver.zk_settings import ZooKeeperConfigError
 
 pytestmark = pytest.mark.unit
 
@@ -212,7 +212,7 @@ def test_flags_choose_the_registry() -> None:
     assert zk is None and embedded is not None and embedded.broker_expiry_ms == 1500
     embedded, zk = server._configs(parse("--zk", "zk1:2181", "--zk-root", "/mq"), None)
     assert embedded is None
-    assert zk == ZooKeeperRegistryConfig("zk1:2181", "/mq", zk_format.DEFAULT_SESSION_TIMEOUT_MS)
+    assert zk == ZooKeeperRegistryConfig("zk1:2181", "/mq", zk_settings.DEFAULT_SESSION_TIMEOUT_MS)
 
 
 @pytest.mark.parametrize(
