@@ -64,8 +64,14 @@ def read_with_fallback(path: str) -> bytes | None:
     return data
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True).encode() + b"\n")
+def write_json_atomic(path: str, obj: Any, *, compact: bool = False) -> None:
+    """``compact`` for large tables: Python's C encoder serves only output without
+    indentation, about three times faster, and the file is a third smaller."""
+    if compact:
+        text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    else:
+        text = json.dumps(obj, indent=2, sort_keys=True)
+    write_atomic(path, text.encode() + b"\n")
 
 
 def read_json_with_fallback(path: str) -> Any | None:

@@ -185,7 +185,7 @@ class JournaledTable(Generic[T]):
             "data_version": asdict(self.version),
             "journal_seq": self.seq,
         }
-        write_json_atomic(self.path, doc)
+        write_json_atomic(self.path, doc, compact=True)
         self.snapshot_bytes += _size(self.path)
         self.journal.truncate()
 

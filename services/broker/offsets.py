@@ -247,5 +247,7 @@ class OffsetManager:
             }
             self._dirty = False
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        write_json_atomic(self.path, {"offsetTable": snapshot, "resetGenerations": generations})
+        write_json_atomic(
+            self.path, {"offsetTable": snapshot, "resetGenerations": generations}, compact=True
+        )
         return True

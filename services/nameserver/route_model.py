@@ -110,7 +110,7 @@ class TopicRoute:
 class BrokerLive:
     registration: BrokerRegistration  # the broker's latest accepted registration, no topics
     last_update_ms: int
-    topics: int = 0  # how many topics its group serves
+    topics: int = 0  # how many topics its latest registrations carried
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ class _Group:
 class _Live:
     registration: BrokerRegistration
     last_update_ms: int
+    # The topics this broker registered (a slave's too, though only a master's are routed):
+    # how far each broker's config has come is what operators and tests compare.
+    topics: set[str] = field(default_factory=set)
 
 
 class RouteTable:
@@ -129,7 +132,15 @@ class RouteTable:
             else:
                 self._change_queue_data(group, reg.topics, reg.delta.removed)
         # Topics live in the group's queue data; keeping them here too would double the memory.
-        self._live[reg.address] = _Live(replace(reg, topics=(), delta=None), now_ms)
+        if reg.delta is None:
+            own = {t.topic for t in reg.topics}
+        else:
+            assert previous is not None  # _check_base found it
+            own = previous.topics
+            _change_names(own, reg.topics, reg.delta.removed)
+        # Topics live in the group's queue data and as names here; the registration as given
+        # would hold every topic a second time.
+        self._live[reg.address] = _Live(replace(reg, topics=(), delta=None), now_ms, own)
         return self._master_of(group)
 
     def apply_topic_changes(
@@ -139,9 +150,11 @@ class RouteTable:
         of topics apart from registrations (ZooKeeper's topic shards). Applied, and True, when
         ``address`` is its group's master, or a slave of a group without one (see
         ``serve_reads_from_slave``); otherwise the table is left alone."""
+        upserted, removed = list(upserted), list(removed)
         live = self._live.get(address)
         if live is None:
             return False
+        _change_names(live.topics, upserted, removed)
         reg = live.registration
         group = self._groups[reg.broker_name]
         master = group.members.get(MASTER_ID)
@@ -149,6 +162,15 @@ class RouteTable:
             return False
         self._change_queue_data(group, upserted, removed)
         return True
+
+    def note_topic_changes(
+        self, address: str, upserted: Iterable[TopicQueues], removed: Iterable[str]
+    ) -> None:
+        """Topic changes of a broker whose topics are not routed (a slave, as ZooKeeper's
+        shards tell them): only the count of its own topics follows."""
+        live = self._live.get(address)
+        if live is not None:
+            _change_names(live.topics, upserted, removed)
 
     def serve_reads_from_slave(self, reg: BrokerRegistration) -> None:
         """Queue data from a registered slave's topics, for a group that has no master.
@@ -220,7 +242,7 @@ class RouteTable:
                 for broker_id in sorted(group.members):
                     live = self._live[group.members[broker_id]]
                     brokers.append(
-                        BrokerLive(live.registration, live.last_update_ms, len(group.topics))
+                        BrokerLive(live.registration, live.last_update_ms, len(live.topics))
                     )
             result.append(ClusterInfo(cluster, [self._broker_data(g) for g in groups], brokers))
         return result
@@ -331,3 +353,8 @@ class RouteTable:
 
 def _ref(reg: BrokerRegistration) -> BrokerRef:
     return BrokerRef(reg.cluster, reg.broker_name, reg.broker_id, reg.address)
+
+
+def _change_names(names: set[str], upserted: Iterable[TopicQueues], removed: Iterable[str]) -> None:
+    names.difference_update(removed)
+    names.update(t.topic for t in upserted)

@@ -183,13 +183,16 @@ class RegistryView:
         if held is None or held.leaf is None or held.leaf.inline:
             return  # shards of a broker without a leaf, or with its topics inline, serve nothing
         reg = held.leaf.registration
-        if self._routes.sources.get(reg.broker_name) != held.znode.path:
-            return  # not its group's topic source: the table holds none of its topics
         owner = held.znode.ephemeral_owner
         before = old.topics if old is not None and old.owner == owner else {}
         after = new.topics if new is not None and new.owner == owner else {}
         self.topics_touched += len(before) + len(after)
         upserted = [t for name, t in after.items() if before.get(name) != t]
         removed = [name for name in before if name not in after]
-        if upserted or removed:
+        if not upserted and not removed:
+            return
+        if self._routes.sources.get(reg.broker_name) == held.znode.path:
             self._routes.table.apply_topic_changes(reg.address, upserted, removed)
+        else:
+            # Not its group's topic source: the routes hold none of its topics, only its count.
+            self._routes.table.note_topic_changes(reg.address, upserted, removed)

@@ -230,3 +230,33 @@ def test_a_heartbeat_with_no_changes_keeps_every_route() -> None:
     assert table.topic_count() == 1000
     # The heartbeat refreshed liveness: an expiry at 100 s after it keeps the broker.
     assert table.expire(100_000, 120_000) == []
+
+
+def test_each_broker_reports_the_topics_it_registered_a_slave_behind_its_master_too() -> None:
+    # What tidemq.testing's wait_synced and the console compare: a slave that has not yet
+    # copied its master's topics (config sync) must say so, whatever its group routes.
+    master = Broker("broker-a", "10.0.0.1:10911")
+    for i in range(100):
+        master.change(f"t{i}", 4)
+    slave = Broker("broker-a", "10.0.0.2:10911")
+    for i in range(60):
+        slave.change(f"t{i}", 4)
+    ns = Nameserver()
+    ns.register(master, 0)
+    slave_reg = replace(slave.full(), broker_id=1, role=BrokerRole.SLAVE)
+    ns.table.register(slave_reg, 0)
+    base = slave.version
+    for i in range(60, 100):
+        slave.change(f"t{i}", 4)
+    slave.change("t0", None)
+    ns.table.register(replace(slave.delta(base), broker_id=1, role=BrokerRole.SLAVE), 1)
+
+    def counts() -> dict[int, int]:
+        [cluster] = ns.table.cluster_info()
+        return {b.registration.broker_id: b.topics for b in cluster.brokers}
+
+    assert counts() == {0: 100, 1: 99}
+    # The routes are the master's alone.
+    assert ns.table.route("t0") is not None
+    ns.table.note_topic_changes("10.0.0.2:10911", [_queues("t0")], [])
+    assert counts() == {0: 100, 1: 100}
